@@ -1,0 +1,132 @@
+"""A protocol v2 command request (gitprotocol-v2 "Command Request").
+
+    request = empty-request | command-request
+    command-request = command capability-list delim-pkt command-args flush-pkt
+    command = PKT-LINE("command=" key LF)
+
+The capability section may also end with a flush when there are no arguments. Over HTTP
+every POST carries one command; anything after its closing flush is ignored, as C git's
+stateless serve loop does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .capabilities import V2Features
+from .errors import ClientError
+from .pktline import Pkt, PktKind, iter_pkts
+
+__all__ = ["CommandRequest", "parse_command_request", "KNOWN_COMMANDS"]
+
+KNOWN_COMMANDS = frozenset({b"ls-refs", b"fetch", b"object-info"})
+_MAX_CAPABILITY_LINES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRequest:
+    """The command, the client capabilities it sent, and the raw argument lines."""
+
+    command: bytes
+    agent: bytes | None
+    object_format: bytes | None
+    session_id: bytes | None
+    server_options: tuple[bytes, ...]
+    args: tuple[bytes, ...]
+
+
+def _take_capabilities(pkts: list[Pkt], features: V2Features) -> tuple[dict[bytes, object], int]:
+    seen: dict[bytes, object] = {"server-option".encode(): []}
+    i = 0
+    while i < len(pkts):
+        pkt = pkts[i]
+        i += 1
+        if pkt.kind is PktKind.DELIM:
+            return seen, i
+        if pkt.kind is PktKind.FLUSH:
+            return seen, i - 1
+        if pkt.kind is not PktKind.DATA:
+            raise ClientError("protocol error: unexpected response-end packet in request")
+        if i > _MAX_CAPABILITY_LINES:
+            raise ClientError("protocol error: too many capability lines")
+        _take_capability(pkt.text, seen, features)
+    raise ClientError("protocol error: request ended before its flush")
+
+
+def _take_capability(line: bytes, seen: dict[bytes, object], features: V2Features) -> None:
+    key, eq, value = line.partition(b"=")
+    if key == b"command" and eq:
+        if b"command" in seen:
+            raise ClientError("protocol error: command requested more than once")
+        if value not in KNOWN_COMMANDS:
+            shown = value[:100].decode("utf-8", "replace")
+            raise ClientError(f"invalid command '{shown}'")
+        seen[b"command"] = value
+    elif key == b"agent" and eq:
+        seen[b"agent"] = value
+    elif key == b"object-format" and eq:
+        if value != features.object_format:
+            raise ClientError(
+                "mismatched object format: server "
+                f"{features.object_format.decode()}; client {value[:20].decode('utf-8', 'replace')}"
+            )
+        seen[b"object-format"] = value
+    elif key == b"session-id" and eq and features.session_id is not None:
+        seen[b"session-id"] = value
+    elif key == b"server-option" and eq:
+        opts = seen[b"server-option"]
+        assert isinstance(opts, list)
+        opts.append(value)
+    else:
+        shown = line[:100].decode("utf-8", "replace")
+        raise ClientError(f"unknown capability '{shown}'")
+
+
+def _take_args(pkts: list[Pkt], start: int, limit: int) -> tuple[bytes, ...]:
+    args: list[bytes] = []
+    for pkt in pkts[start:]:
+        if pkt.kind is PktKind.FLUSH:
+            return tuple(args)
+        if pkt.kind is not PktKind.DATA:
+            raise ClientError("protocol error: expected flush after command arguments")
+        if len(args) >= limit:
+            raise ClientError("protocol error: too many arguments")
+        args.append(pkt.text)
+    raise ClientError("protocol error: expected flush after command arguments")
+
+
+def parse_command_request(
+    body: bytes | Iterable[Pkt], features: V2Features, max_args: int = 1_000_000
+) -> CommandRequest | None:
+    """Parse one v2 request body. ``None`` means an empty request (a lone flush)."""
+    pkts = list(iter_pkts(body)) if isinstance(body, bytes) else list(body)
+    if not pkts:
+        raise ClientError("protocol error: empty request")
+    if pkts[0].kind is PktKind.FLUSH:
+        return None
+    caps, pos = _take_capabilities(pkts, features)
+    command = caps.get(b"command")
+    if not isinstance(command, bytes):
+        raise ClientError("no command requested")
+    if b"object-format" not in caps and features.object_format != b"sha1":
+        # serve.c: a client that names no object format means SHA-1.
+        raise ClientError(
+            f"mismatched object format: server {features.object_format.decode()}; client sha1"
+        )
+    args = _take_args(pkts, pos, max_args)
+    opts = caps[b"server-option"]
+    assert isinstance(opts, list)
+    return CommandRequest(
+        command=command,
+        agent=_opt(caps, b"agent"),
+        object_format=_opt(caps, b"object-format"),
+        session_id=_opt(caps, b"session-id"),
+        server_options=tuple(opts),
+        args=args,
+    )
+
+
+def _opt(caps: dict[bytes, object], key: bytes) -> bytes | None:
+    value = caps.get(key)
+    return value if isinstance(value, bytes) else None

@@ -1,0 +1,50 @@
+"""The v2 ``object-info`` command (gitprotocol-v2 "object-info")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from .errors import ClientError
+from .oid import parse_oid
+
+__all__ = ["ObjectInfoRequest", "parse_object_info_args", "iter_object_info"]
+
+MAX_OBJECT_INFO_OIDS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfoRequest:
+    size: bool
+    oids: tuple[bytes, ...]
+
+
+def parse_object_info_args(args: Sequence[bytes], hex_len: int = 40) -> ObjectInfoRequest:
+    size = False
+    oids: list[bytes] = []
+    for arg in args:
+        if arg == b"size":
+            size = True
+        elif arg.startswith(b"oid "):
+            if len(oids) >= MAX_OBJECT_INFO_OIDS:
+                raise ClientError("object-info: too many object ids")
+            oids.append(parse_oid(arg[4:], hex_len))
+        else:
+            shown = arg[:100].decode("utf-8", "replace")
+            raise ClientError(f"object-info: unexpected line: '{shown}'")
+    return ObjectInfoRequest(size, tuple(oids))
+
+
+def iter_object_info(
+    req: ObjectInfoRequest, sizes: Iterable[tuple[bytes, int | None]]
+) -> Iterator[bytes]:
+    """Payloads of the answer: ``size`` then ``<oid> <size>`` per id (empty when unknown)."""
+    if req.size:
+        yield b"size"
+    for oid, size in sizes:
+        if not req.size:
+            yield oid
+        elif size is None:
+            yield oid + b" "
+        else:
+            yield oid + b" %d" % size
