@@ -36,6 +36,16 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
+def ensure_port_free(port: int, host: str = LOOPBACK) -> None:
+    """Raise :class:`ServerError` if something already listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServerError(f"{host}:{port} is already in use: {e}") from e
+
+
 class ServerProcess:
     """A background process (and its process group), optionally in a cgroup."""
 
