@@ -1,0 +1,186 @@
+"""Commit and tree facts for walks, read through one request's :class:`ObjectSnapshot`.
+
+Parsed commits are cached per request (a walk touches each commit once or twice) and trees
+are parsed with dulwich's compiled ``parse_tree``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from binascii import a2b_hex
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from dulwich._objects import parse_tree
+
+from .odb import MissingObject, ObjectSnapshot, ObjectStoreError
+from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
+
+__all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
+
+_MODE_TREE = 0o040000
+_MODE_GITLINK = 0o160000
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    tree: bytes
+    parents: tuple[bytes, ...]
+    time: int
+
+
+def _committer_time(data: bytes) -> int:
+    at = data.find(b"\ncommitter ")
+    if at < 0:
+        return 0
+    end = data.find(b"\n", at + 1)
+    line = data[at + 1 : end if end >= 0 else len(data)]
+    close = line.rfind(b">")
+    try:
+        return int(line[close + 1 :].split()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
+def parse_commit(data: bytes, hex_len: int) -> CommitInfo:
+    """Tree, parents and committer time of a raw commit."""
+    if not data.startswith(b"tree "):
+        raise ObjectStoreError("malformed commit")
+    tree = bytes.fromhex(data[5 : 5 + hex_len].decode("ascii"))
+    parents = []
+    pos = 6 + hex_len
+    while data.startswith(b"parent ", pos):
+        parents.append(bytes.fromhex(data[pos + 7 : pos + 7 + hex_len].decode("ascii")))
+        pos += 8 + hex_len
+    return CommitInfo(tree, tuple(parents), _committer_time(data))
+
+
+def parse_tag_target(data: bytes, hex_len: int) -> tuple[bytes, int]:
+    """The object a raw tag points to, and that object's type number."""
+    if not data.startswith(b"object "):
+        raise ObjectStoreError("malformed tag")
+    target = bytes.fromhex(data[7 : 7 + hex_len].decode("ascii"))
+    at = data.find(b"\ntype ")
+    end = data.find(b"\n", at + 1)
+    name = data[at + 6 : end]
+    types = {b"commit": OBJ_COMMIT, b"tree": OBJ_TREE, b"blob": OBJ_BLOB, b"tag": OBJ_TAG}
+    if at < 0 or name not in types:
+        raise ObjectStoreError("malformed tag")
+    return target, types[name]
+
+
+def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
+    """(name, is_tree, binary id) for each entry; gitlinks (submodules) are skipped."""
+    try:
+        entries = parse_tree(data, hash_len)
+    except Exception as exc:  # dulwich raises ObjectFormatException and friends
+        raise ObjectStoreError(f"malformed tree: {exc}") from None
+    for name, mode, sha in entries:
+        if mode == _MODE_GITLINK:
+            continue
+        yield name, (mode & 0o170000) == _MODE_TREE, a2b_hex(sha)
+
+
+class CommitSource:
+    """Reads commits (and trees, tags) for one request, caching parsed commits."""
+
+    def __init__(self, odb: ObjectSnapshot) -> None:
+        self.odb = odb
+        self.hex_len = odb.hash_len * 2
+        self._commits: dict[bytes, CommitInfo] = {}
+        self.reads = 0
+
+    def commit(self, oid: bytes) -> CommitInfo:
+        info = self._commits.get(oid)
+        if info is None:
+            type_num, data = self.odb.read(oid)
+            self.reads += 1
+            if type_num != OBJ_COMMIT:
+                raise ObjectStoreError(f"{oid.hex()} is not a commit")
+            info = parse_commit(data, self.hex_len)
+            self._commits[oid] = info
+        return info
+
+    def object_type(self, oid: bytes) -> int:
+        if oid in self._commits:
+            return OBJ_COMMIT
+        found = self.odb.object_size(oid)
+        if found is None:
+            raise MissingObject(oid)
+        return found[0]
+
+    def peel(self, oid: bytes) -> tuple[bytes, int, list[bytes]]:
+        """Follow tags: (final object, its type, the tag objects passed on the way)."""
+        tags: list[bytes] = []
+        type_num = self.object_type(oid)
+        while type_num == OBJ_TAG and len(tags) < 64:
+            tags.append(oid)
+            _, data = self.odb.read(oid)
+            oid, type_num = parse_tag_target(data, self.hex_len)
+        return oid, type_num, tags
+
+    def tree(self, oid: bytes) -> list[tuple[bytes, bool, bytes]]:
+        type_num, data = self.odb.read(oid)
+        if type_num != OBJ_TREE:
+            raise ObjectStoreError(f"{oid.hex()} is not a tree")
+        return list(tree_entries(data, self.odb.hash_len))
+
+    def walk_by_date(
+        self,
+        interesting: Iterable[bytes],
+        uninteresting: Iterable[bytes],
+        cut: frozenset[bytes] | set[bytes] = frozenset(),
+        since: int | None = None,
+    ) -> tuple[list[bytes], set[bytes]]:
+        """``rev-list interesting --not uninteresting``, newest first.
+
+        Parents of commits in ``cut`` (shallow boundaries) are not followed. With ``since``,
+        commits older than it are left out and not walked through (``--max-age``).
+        Returns the interesting commits and the set of commits found uninteresting.
+        """
+        flags: dict[bytes, bool] = {}  # oid -> uninteresting
+        heap: list[tuple[int, int, bytes]] = []
+        queued: set[bytes] = set()
+        seq = 0
+
+        def push(oid: bytes) -> None:
+            nonlocal seq
+            heapq.heappush(heap, (-self.commit(oid).time, seq, oid))
+            queued.add(oid)
+            seq += 1
+
+        for oid in uninteresting:
+            if oid not in flags:
+                flags[oid] = True
+                push(oid)
+        for oid in interesting:
+            if oid not in flags:
+                flags[oid] = False
+                push(oid)
+        live = sum(1 for oid in queued if not flags[oid])
+        out: list[bytes] = []
+        while heap and live > 0:
+            _, _, oid = heapq.heappop(heap)
+            queued.discard(oid)
+            bad = flags[oid]
+            info = self.commit(oid)
+            if not bad:
+                live -= 1
+                if since is not None and info.time < since:
+                    continue
+                out.append(oid)
+            if oid in cut:
+                continue
+            for parent in info.parents:
+                old = flags.get(parent)
+                if old is None:
+                    flags[parent] = bad
+                    push(parent)
+                    if not bad:
+                        live += 1
+                elif bad and not old:
+                    flags[parent] = True
+                    if parent in queued:
+                        live -= 1
+        bad_set = {oid for oid, v in flags.items() if v}
+        return [c for c in out if c not in bad_set], bad_set

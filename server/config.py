@@ -1,0 +1,137 @@
+"""Configuration: every setting is a CLI flag ``--name``, an env var ``GITSPOUT_NAME`` and a
+key ``name`` in an optional TOML file. Precedence: flag, then env, then file, then default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Config", "ConfigError", "load_config", "add_config_arguments"]
+
+
+class ConfigError(Exception):
+    """A setting has a value we cannot use."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of one gitspout process."""
+
+    root: str = field(default=".", metadata={"help": "directory whose repositories are served"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8080, metadata={"help": "TCP port to listen on"})
+    config: str | None = field(default=None, metadata={"help": "optional TOML config file"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    threads: int = field(default=8, metadata={"help": "size of the blocking-work thread pool"})
+    max_body: int = field(
+        default=32 << 20, metadata={"help": "cap on a request body as sent (bytes)"}
+    )
+    max_inflated_body: int = field(
+        default=64 << 20, metadata={"help": "cap on a request body after gunzip (bytes)"}
+    )
+    keepalive: float = field(
+        default=5.0, metadata={"help": "seconds of silence before a side-band keepalive"}
+    )
+    cross_request_cache: bool = field(
+        default=True,
+        metadata={"help": "cache ref state across requests behind stat validation"},
+    )
+    agent: str = field(default="gitspout/0.1.0", metadata={"help": "agent= capability value"})
+
+    def root_path(self) -> Path:
+        return Path(self.root).resolve()
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        return None if value is None else str(value)
+    except ValueError:
+        raise ConfigError(f"setting {name!r}: cannot use value {value!r}") from None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per setting; unset flags stay ``None`` so env and file can fill them."""
+    for f in fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "") + f" (env GITSPOUT_{f.name.upper()})"
+        if f.type == "bool":
+            parser.add_argument(flag, dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    table = data.get("gitspout", data)
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS or name == "config":
+            raise ConfigError(f"config file {path}: unknown key {key!r}")
+        out[name] = value
+    return out
+
+
+def load_config(
+    cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Merge flags, environment and TOML file into a :class:`Config`."""
+    cli = {k: v for k, v in (cli or {}).items() if v is not None and k in _FIELDS}
+    env = os.environ if env is None else env
+    from_env = {
+        name: env[f"GITSPOUT_{name.upper()}"]
+        for name in _FIELDS
+        if f"GITSPOUT_{name.upper()}" in env
+    }
+    config_path = cli.get("config") or from_env.get("config")
+    from_file = _read_toml(config_path) if config_path else {}
+    merged: dict[str, Any] = {}
+    for source in (from_file, from_env, cli):
+        merged.update(source)
+    values = {name: _coerce(name, value) for name, value in merged.items()}
+    cfg = Config(**values)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
+    if not 0 <= cfg.port <= 65535:
+        raise ConfigError(f"port {cfg.port} is out of range")
+    if cfg.threads < 1:
+        raise ConfigError("threads must be at least 1")
+    if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"unknown log level {cfg.log_level!r}")
+    if not Path(cfg.root).is_dir():
+        raise ConfigError(f"root {cfg.root!r} is not a directory")
+
+

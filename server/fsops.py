@@ -1,0 +1,77 @@
+"""Counted filesystem operations.
+
+The ref and object layers do their metadata work through an :class:`FsOps`, so that every
+open, stat and directory listing a request costs is counted (and can be asserted on, logged
+and exported as a metric) without a syscall tracer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+
+__all__ = ["FsOps"]
+
+
+class FsOps:
+    """Thin wrappers over ``os`` that count by kind: open, stat, listdir, read."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def stat(self, path: str) -> os.stat_result:
+        self.counts["stat"] += 1
+        return os.stat(path)
+
+    def stat_or_none(self, path: str) -> os.stat_result | None:
+        try:
+            return self.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        """List a directory (one open plus its getdents calls, counted as one listdir)."""
+        self.counts["listdir"] += 1
+        with os.scandir(path) as it:
+            return list(it)
+
+    def scandir_or_empty(self, path: str) -> list[os.DirEntry[str]]:
+        try:
+            return self.scandir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def read_file(self, path: str, limit: int = 1 << 26) -> bytes:
+        """Open and read a whole (small) file, refusing more than ``limit`` bytes."""
+        self.counts["open"] += 1
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.counts["read"] += 1
+            parts: list[bytes] = []
+            total = 0
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                parts.append(data)
+                total += len(data)
+                if total > limit:
+                    raise OSError(f"{path}: larger than {limit} bytes")
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def read_file_or_none(self, path: str) -> bytes | None:
+        try:
+            return self.read_file(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def note(self, kind: str, n: int = 1) -> None:
+        self.counts[kind] += n
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return iter(self.counts.items())

@@ -1,0 +1,332 @@
+"""The HTTP adapter: smart-HTTP routes, request decoding, statuses (gitprotocol-http).
+
+Decodes the request (service, ``Git-Protocol``, content type, gzip with caps), resolves the
+repository, and drives the core in ``upload.py`` from the server's thread pool. Decisions
+are taken before ``prepare()`` sends the 200; after that, errors go in-band.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from collections.abc import Callable
+
+from aiohttp import web
+
+from protocol.command import parse_command_request
+from protocol.errors import ClientError
+from protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
+from protocol.fetch_response import PACKFILE_HEADER, iter_shallow_info, iter_shallow_lines, iter_wanted_refs
+from protocol.ls_refs import parse_ls_refs_args
+from protocol.object_info import parse_object_info_args
+from protocol.advertise import format_service_header
+
+from .config import Config
+from .odb import ObjectStoreError, PackRegistry
+from .repos import RepoNotFound, RepoResolver
+from .stream import PktWriter, pump_pack
+from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
+
+__all__ = ["ServerState", "make_app", "RUNNER_KWARGS"]
+
+log = logging.getLogger("gitspout")
+T = TypeVar("T")
+
+UPLOAD_PACK = "git-upload-pack"
+RECEIVE_PACK = "git-receive-pack"
+NO_CACHE = {
+    "Cache-Control": "no-cache, max-age=0, must-revalidate",
+    "Pragma": "no-cache",
+    "Expires": "Fri, 01 Jan 1980 00:00:00 GMT",
+}
+READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
+# aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
+RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+
+
+@dataclass
+class ServerState:
+    """Process-wide state: config, repository resolver, pack registry, thread pool."""
+
+    cfg: Config
+    resolver: RepoResolver
+    registry: PackRegistry
+    executor: ThreadPoolExecutor
+    in_flight: int = 0
+    hooks: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, cfg: Config) -> ServerState:
+        return cls(
+            cfg,
+            RepoResolver(str(cfg.root_path()), cfg.cross_request_cache),
+            PackRegistry(),
+            ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout"),
+        )
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def context(self, repo: Any) -> RequestContext:
+        return RequestContext(repo, self.registry, self.cfg.agent.encode(),
+                              self.resolver.root, self.cfg.cross_request_cache)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def _text(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text if text.endswith("\n") else text + "\n",
+                        headers=NO_CACHE)
+
+
+def _protocol_version(request: web.Request) -> int:
+    """Git-Protocol: colon-separated key=value pairs; the highest version= wins."""
+    version = 0
+    for item in request.headers.get("Git-Protocol", "").split(":"):
+        key, _, value = item.strip().partition("=")
+        if key == "version" and value in ("1", "2"):
+            version = max(version, int(value))
+    return version
+
+
+def _split_path(path: str) -> tuple[str, str]:
+    for suffix in ("/info/refs", "/" + UPLOAD_PACK, "/" + RECEIVE_PACK):
+        if path.endswith(suffix):
+            return path[: -len(suffix)].lstrip("/"), suffix[1:]
+    return path.lstrip("/"), ""
+
+
+async def read_body(request: web.Request, max_body: int, max_inflated: int) -> bytes:
+    """The whole request body, gunzipped, under both caps (PROTOCOL-NOTES 4)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip", "x-gzip"):
+        raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in ("gzip", "x-gzip") else None
+    parts: list[bytes] = []
+    raw = size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        raw += len(chunk)
+        if raw > max_body:
+            raise HttpError(413, f"request body larger than {max_body} bytes")
+        if inflate is None:
+            parts.append(chunk)
+            size += len(chunk)
+            continue
+        data = chunk
+        while data:
+            try:
+                out = inflate.decompress(data, max_inflated - size + 1)
+            except zlib.error as exc:
+                raise HttpError(400, f"bad gzip request body: {exc}") from None
+            size += len(out)
+            if size > max_inflated:
+                raise HttpError(413, f"request body inflates past {max_inflated} bytes")
+            parts.append(out)
+            data = inflate.unconsumed_tail
+    if inflate is not None and raw and not inflate.eof:
+        raise HttpError(400, "truncated gzip request body")
+    return b"".join(parts)
+
+
+async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={**NO_CACHE, "Content-Type": content_type})
+    await resp.prepare(request)
+    return resp
+
+
+async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str) -> web.StreamResponse:
+    service = request.query.get("service")
+    if service == RECEIVE_PACK:
+        return _text(403, READ_ONLY)
+    if service != UPLOAD_PACK:
+        return _text(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
+    ctx = state.context(state.resolver.resolve(repo_path))
+    version = _protocol_version(request)
+    start = time.monotonic()
+    if version == 2:
+        payloads = await state.run(lambda: list(ctx.v2_capabilities()))
+    else:
+        payloads = await state.run(lambda: list(ctx.v0_advertisement(version)))
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-advertisement")
+    writer = PktWriter(resp)
+    if version < 2:
+        await writer.pkt(format_service_header(UPLOAD_PACK.encode()))
+        await writer.flush_pkt()
+    await writer.pkts(payloads)
+    await writer.flush_pkt()
+    await writer.drain()
+    ctx.timed("advertise", start)
+    await resp.write_eof()
+    return resp
+
+
+async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str) -> web.StreamResponse:
+    ctype = request.headers.get("Content-Type", "")
+    if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
+        raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
+    ctx = state.context(state.resolver.resolve(repo_path))
+    body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
+    if _protocol_version(request) == 2:
+        return await _serve_v2(state, request, ctx, body)
+    return await _serve_v0(state, request, ctx, body)
+
+
+async def _refuse_in_protocol(request: web.Request, exc: ClientError) -> web.StreamResponse:
+    """A refusal the protocol has a place for: 200 with an ERR pkt-line (as C git does)."""
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+    writer = PktWriter(resp)
+    await writer.error(exc.message, in_band=False)
+    await resp.write_eof()
+    return resp
+
+
+async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
+    fmt = await state.run(lambda: ctx.object_format)
+    req = parse_v0_request(body, V0_REQUEST_CAPS | _v0_extra_caps(ctx), fmt.encode(), ctx.hash_len * 2)
+    try:
+        plan = await state.run(plan_fetch, ctx, req) if req.wants else None
+    except ClientError as exc:
+        if exc.http_status != 200:
+            raise
+        return await _refuse_in_protocol(request, exc)
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+    writer = PktWriter(resp, req.sideband)
+    if plan is not None:
+        if plan.shallow.sent:
+            await writer.pkts(iter_shallow_lines(
+                (s.hex().encode() for s in plan.shallow.shallow),
+                (s.hex().encode() for s in plan.shallow.unshallow)))
+            await writer.flush_pkt()
+        assert plan.v0 is not None
+        await writer.pkts(plan.v0.lines)
+        await writer.drain()
+        if plan.send_pack:
+            await _send_pack(state, ctx, writer, plan)
+            if req.sideband is not Sideband.NONE:
+                await writer.flush_pkt()
+    await writer.drain()
+    await resp.write_eof()
+    return resp
+
+
+def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
+    return frozenset({b"filter"}) if ctx.config.allow_filter else frozenset()
+
+
+async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
+    start = time.monotonic()
+    try:
+        await pump_pack(writer, state.executor, lambda: iter_pack(ctx, plan),
+                        state.cfg.keepalive, plan.req.no_progress)
+    except (ObjectStoreError, OSError) as exc:
+        log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
+        await writer.error(f"upload-pack: {exc}", in_band=True)
+    ctx.timed("send", start)
+
+
+async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
+    features = await state.run(ctx.v2_features)
+    cmd = parse_command_request(body, features)
+    if cmd is None:
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        await resp.write_eof()
+        return resp
+    if cmd.command == b"ls-refs":
+        ls = parse_ls_refs_args(cmd.args)
+        payloads = await state.run(lambda: list(ctx.ls_refs(ls)))
+        return await _write_listing(request, payloads)
+    if cmd.command == b"object-info":
+        oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
+        payloads = await state.run(ctx.object_info, oi)
+        return await _write_listing(request, payloads)
+    req = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
+    return await _serve_v2_fetch(state, request, ctx, req)
+
+
+async def _write_listing(request: web.Request, payloads: list[bytes]) -> web.StreamResponse:
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+    writer = PktWriter(resp)
+    await writer.pkts(payloads)
+    await writer.flush_pkt()
+    await writer.drain()
+    await resp.write_eof()
+    return resp
+
+
+async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
+                          req: FetchRequest) -> web.StreamResponse:
+    try:
+        plan = await state.run(plan_fetch, ctx, req)
+    except ClientError as exc:
+        if exc.http_status != 200:
+            raise
+        return await _refuse_in_protocol(request, exc)
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+    writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all)
+    answer = plan.v2
+    if answer is not None:
+        if answer.ack_lines is not None:
+            await writer.pkts(answer.ack_lines)
+            if answer.send_pack:
+                await writer.delim_pkt()
+            else:
+                await writer.flush_pkt()
+        if answer.send_pack:
+            if plan.shallow.sent or req.shallows:
+                await writer.pkts(iter_shallow_info(
+                    (s.hex().encode() for s in plan.shallow.shallow),
+                    (s.hex().encode() for s in plan.shallow.unshallow)))
+                await writer.delim_pkt()
+            if plan.wanted_refs:
+                await writer.pkts(iter_wanted_refs(plan.wanted_refs))
+                await writer.delim_pkt()
+            await writer.pkt(PACKFILE_HEADER)
+            await writer.drain()
+            await _send_pack(state, ctx, writer, plan)
+            await writer.flush_pkt()
+    await writer.drain()
+    await resp.write_eof()
+    return resp
+
+
+def make_app(state: ServerState) -> web.Application:
+    """The aiohttp application: one catch-all route, dispatched by path suffix."""
+    app = web.Application(client_max_size=state.cfg.max_body)
+    app["state"] = state
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        repo_path, action = _split_path(request.path)
+        try:
+            if action == RECEIVE_PACK:
+                return _text(403, READ_ONLY)
+            if action == "info/refs" and request.method in ("GET", "HEAD"):
+                return await handle_info_refs(state, request, repo_path)
+            if action == UPLOAD_PACK and request.method == "POST":
+                return await handle_upload_pack(state, request, repo_path)
+            if action:
+                return _text(405, f"method {request.method} not allowed here")
+            return _text(404, "not found")
+        except RepoNotFound:
+            return _text(404, f"repository not found: /{repo_path}")
+        except HttpError as exc:
+            return _text(exc.status, exc.text)
+        except ClientError as exc:
+            return _text(exc.http_status if exc.http_status >= 400 else 400, exc.message)
+
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_shutdown.append(lambda _app: _shutdown(state))
+    return app
+
+
+async def _shutdown(state: ServerState) -> None:
+    state.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,92 @@
+"""The repository side of negotiation: which haves are common, and can we stop yet.
+
+Implements :class:`protocol.negotiate.HaveOracle` the way upload-pack.c does
+(``got_oid``/``do_got_oid`` and ``ok_to_give_up`` via ``can_all_from_reach_with_flag``):
+a common commit's parents count as "they have" too, and a want is satisfied once a walk
+from it, cut off at the oldest common commit's date, meets something they have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .commits import CommitSource
+from .odb import ObjectStoreError
+from .packs import OBJ_COMMIT
+
+__all__ = ["HaveTracker"]
+
+
+class HaveTracker:
+    """Tracks common haves for one request."""
+
+    def __init__(self, src: CommitSource, wants: Sequence[bytes]) -> None:
+        self.src = src
+        self.common: list[bytes] = []
+        self._they_have: set[bytes] = set()
+        self._oldest: int | None = None
+        self._want_commits: list[bytes] | None = None
+        self._wants = wants
+        self._satisfied: set[bytes] = set()
+
+    # HaveOracle -------------------------------------------------------------
+
+    def note_have(self, oid_hex: bytes) -> bool:
+        oid = bytes.fromhex(oid_hex.decode("ascii"))
+        if not self.src.odb.contains(oid):
+            return False
+        if self.src.object_type(oid) == OBJ_COMMIT:
+            info = self.src.commit(oid)
+            if self._oldest is None or info.time < self._oldest:
+                self._oldest = info.time
+            self._they_have.update(info.parents)
+        if oid not in self._they_have:
+            self._they_have.add(oid)
+            self.common.append(oid)
+        return True
+
+    def have_count(self) -> int:
+        return len(self.common)
+
+    def ok_to_give_up(self) -> bool:
+        if not self.common:
+            return False
+        for want in self._commit_wants():
+            if want in self._satisfied:
+                continue
+            if not self._reaches(want):
+                return False
+            self._satisfied.add(want)
+        return True
+
+    # internals ---------------------------------------------------------------
+
+    def _commit_wants(self) -> list[bytes]:
+        if self._want_commits is None:
+            out = []
+            for want in self._wants:
+                try:
+                    target, type_num, _ = self.src.peel(want)
+                except ObjectStoreError:
+                    continue
+                if type_num == OBJ_COMMIT:
+                    out.append(target)
+            self._want_commits = out
+        return self._want_commits
+
+    def _reaches(self, start: bytes) -> bool:
+        cutoff = self._oldest if self._oldest is not None else 0
+        stack = [start]
+        seen = {start}
+        while stack:
+            oid = stack.pop()
+            if oid in self._they_have or oid in self._satisfied:
+                return True
+            info = self.src.commit(oid)
+            if info.time < cutoff:
+                continue
+            for parent in info.parents:
+                if parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+        return False

@@ -1,0 +1,344 @@
+"""The object database as one request sees it (DESIGN.md invariant 1).
+
+An :class:`ObjectSnapshot` freezes the pack list when it is made. Per-pack data comes from
+the process-wide :class:`PackRegistry`, keyed by pack name and inode, so a request opens no
+pack that an earlier request already opened. Lookups of objects the client merely *might*
+share (haves) never rescan and never stat loose paths: loose objects are found by listing
+the fan-out directories once, and only when a lookup gets that far. A miss of an object the
+request needs rescans ``objects/pack`` at most once per request.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from dataclasses import dataclass
+
+from dulwich._pack import apply_delta
+
+from .fsops import FsOps
+from .lru import ByteLRU
+from .packs import (
+    OBJ_COMMIT,
+    OBJ_TAG,
+    OBJ_TREE,
+    OFS_DELTA,
+    REF_DELTA,
+    TYPE_NUMS,
+    PackFile,
+    PackFormatError,
+)
+
+__all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
+
+_MAX_CHAIN = 10_000
+_MAX_ALTERNATE_DEPTH = 5
+_HEX = "0123456789abcdef"
+_FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
+
+
+class ObjectStoreError(Exception):
+    """The repository's object store is damaged or unreadable."""
+
+
+class MissingObject(ObjectStoreError):
+    def __init__(self, oid: bytes) -> None:
+        super().__init__(f"missing object {oid.hex()}")
+        self.oid = oid
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLocation:
+    pack: PackFile
+    pos: int
+    offset: int
+
+
+class PackRegistry:
+    """Every :class:`PackFile` this process has opened, by (path, idx inode, pack inode)."""
+
+    def __init__(self, cache_budget: int = 32 << 20) -> None:
+        self._packs: dict[tuple[object, ...], PackFile] = {}
+        self._lock = threading.Lock()
+        self.objects = ByteLRU[tuple[int, bytes]](cache_budget)
+        self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
+        self.opened = 0
+
+    def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:
+        pack = self._packs.get(key)
+        if pack is not None:
+            return pack
+        with self._lock:
+            pack = self._packs.get(key)
+            if pack is None:
+                fs.note("open", 2)
+                pack = PackFile(base, hash_len, key)
+                self._packs[key] = pack
+                self.opened += 1
+        return pack
+
+    def forget_missing(self, live: set[tuple[object, ...]], prefix: str) -> None:
+        """Close packs under ``prefix`` that are no longer listed (another process repacked)."""
+        with self._lock:
+            gone = [k for k in self._packs if k[0] == prefix and k not in live]
+            for k in gone:
+                self._packs.pop(k).close()
+
+    def __len__(self) -> int:
+        return len(self._packs)
+
+
+class ObjectSnapshot:
+    """One request's view of ``objects/``: frozen pack list, lazy loose listing."""
+
+    def __init__(
+        self,
+        objects_dir: str,
+        hash_len: int,
+        registry: PackRegistry,
+        fs: FsOps,
+        allowed_root: str | None = None,
+        _depth: int = 0,
+    ) -> None:
+        self.objects_dir = objects_dir
+        self.hash_len = hash_len
+        self.registry = registry
+        self.fs = fs
+        self.allowed_root = allowed_root
+        self.rescans = 0
+        self._loose: set[bytes] | None = None
+        self.packs: list[PackFile] = []
+        self._scan_packs()
+        self.alternates = self._load_alternates(_depth)
+
+    # -- pack list -------------------------------------------------------------
+
+    def _scan_packs(self) -> None:
+        pack_dir = os.path.join(self.objects_dir, "pack")
+        entries = self.fs.scandir_or_empty(pack_dir)
+        inodes = {e.name: e.inode() for e in entries}
+        packs: list[PackFile] = []
+        live: set[tuple[object, ...]] = set()
+        for name, ino in inodes.items():
+            if not (name.startswith("pack-") and name.endswith(".idx")):
+                continue
+            stem = name[:-4]
+            pack_ino = inodes.get(stem + ".pack")
+            if pack_ino is None:
+                continue
+            key = (pack_dir, stem, ino, pack_ino)
+            live.add(key)
+            try:
+                packs.append(self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key, self.fs))
+            except FileNotFoundError:
+                continue  # removed between listing and opening: a repack is under way
+            except (PackFormatError, ValueError, OSError):
+                continue
+        self.registry.forget_missing(live, pack_dir)
+        # Largest packs first: most lookups hit the main pack.
+        packs.sort(key=lambda p: p.count, reverse=True)
+        self.packs = packs
+
+    def rescan(self) -> None:
+        """List ``objects/pack`` again and forget the loose listing (counted)."""
+        self.rescans += 1
+        self.fs.note("rescan")
+        self._loose = None
+        self._scan_packs()
+
+    def _load_alternates(self, depth: int) -> list[ObjectSnapshot]:
+        if depth >= _MAX_ALTERNATE_DEPTH:
+            return []
+        data = self.fs.read_file_or_none(os.path.join(self.objects_dir, "info", "alternates"))
+        if not data:
+            return []
+        alts = []
+        for line in data.decode("utf-8", "replace").splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            path = os.path.realpath(os.path.join(self.objects_dir, line))
+            if self.allowed_root and not _is_within(path, self.allowed_root):
+                continue  # never read objects from outside --root
+            if os.path.isdir(path):
+                alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs,
+                                           self.allowed_root, depth + 1))
+        return alts
+
+    # -- loose objects ----------------------------------------------------------
+
+    def _loose_ids(self) -> set[bytes]:
+        if self._loose is None:
+            found: set[bytes] = set()
+            for entry in self.fs.scandir_or_empty(self.objects_dir):
+                if entry.name in _FANOUT:
+                    for obj in self.fs.scandir_or_empty(entry.path):
+                        try:
+                            found.add(bytes.fromhex(entry.name + obj.name))
+                        except ValueError:
+                            continue  # temporary files such as tmp_obj_XXXX
+            self._loose = found
+        return self._loose
+
+    def _loose_path(self, oid: bytes) -> str:
+        hx = oid.hex()
+        return os.path.join(self.objects_dir, hx[:2], hx[2:])
+
+    # -- lookups -----------------------------------------------------------------
+
+    def _find_local(self, oid: bytes) -> PackedLocation | str | None:
+        for pack in self.packs:
+            pos = pack.find(oid)
+            if pos >= 0:
+                return PackedLocation(pack, pos, pack.offset_at(pos))
+        if oid in self._loose_ids():
+            return self._loose_path(oid)
+        return None
+
+    def locate(self, oid: bytes, needed: bool = True) -> PackedLocation | str | None:
+        """Where ``oid`` lives: a packed location, a loose path, or None.
+
+        ``needed`` marks a true miss: the request cannot go on without the object, so the
+        pack directory is listed again (once per request). Expected misses pass False.
+        """
+        loc = self._find_local(oid)
+        if loc is not None:
+            return loc
+        for alt in self.alternates:
+            loc = alt.locate(oid, needed=False)
+            if loc is not None:
+                return loc
+        if needed and self.rescans == 0:
+            self.rescan()
+            for snap in (self, *self.alternates):
+                if snap is not self and snap.rescans == 0:
+                    snap.rescan()
+                loc = snap._find_local(oid)
+                if loc is not None:
+                    return loc
+        return None
+
+    def contains(self, oid: bytes) -> bool:
+        """Expected-miss lookup (a client's have): never rescans."""
+        return self.locate(oid, needed=False) is not None
+
+    # -- reading -------------------------------------------------------------------
+
+    def read(self, oid: bytes) -> tuple[int, bytes]:
+        """Type number and content of ``oid``; raises :class:`MissingObject`."""
+        loc = self.locate(oid, needed=True)
+        if loc is None:
+            raise MissingObject(oid)
+        if isinstance(loc, str):
+            return self._read_loose(loc, oid)
+        return self.read_packed(loc.pack, loc.offset)
+
+    def _read_loose(self, path: str, oid: bytes) -> tuple[int, bytes]:
+        try:
+            raw = zlib.decompress(self.fs.read_file(path))
+        except FileNotFoundError:
+            # Packed away by a concurrent gc: look again.
+            self._loose = None
+            loc = self.locate(oid, needed=True)
+            if loc is None or isinstance(loc, str):
+                raise MissingObject(oid) from None
+            return self.read_packed(loc.pack, loc.offset)
+        except zlib.error as exc:
+            raise ObjectStoreError(f"corrupt loose object {oid.hex()}: {exc}") from None
+        head, _, body = raw.partition(b"\0")
+        type_name, _, size = head.partition(b" ")
+        type_num = TYPE_NUMS.get(type_name)
+        if type_num is None or not size.isdigit() or int(size) != len(body):
+            raise ObjectStoreError(f"corrupt loose object {oid.hex()}")
+        return type_num, body
+
+    def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
+        """Read and resolve the entry at ``offset`` (following delta chains)."""
+        cache = self.registry.objects
+        chain: list[tuple[PackFile, int, object]] = []
+        type_num, data = 0, b""
+        for _ in range(_MAX_CHAIN):
+            hit = cache.get((pack.key, offset))
+            if hit is not None:
+                type_num, data = hit
+                break
+            hdr = pack.read_header(offset)
+            if hdr.type_num == OFS_DELTA:
+                chain.append((pack, offset, hdr))
+                offset = hdr.base_offset  # type: ignore[assignment]
+                continue
+            if hdr.type_num == REF_DELTA:
+                chain.append((pack, offset, hdr))
+                assert hdr.base_oid is not None
+                loc = self.locate(hdr.base_oid, needed=True)
+                if loc is None:
+                    raise MissingObject(hdr.base_oid)
+                if isinstance(loc, str):
+                    type_num, data = self._read_loose(loc, hdr.base_oid)
+                    break
+                pack, offset = loc.pack, loc.offset
+                continue
+            type_num, data = hdr.type_num, pack.inflate(hdr)
+            if chain or type_num in (OBJ_COMMIT, OBJ_TREE, OBJ_TAG):
+                cache.put((pack.key, offset), (type_num, data), len(data))
+            break
+        else:
+            raise ObjectStoreError("delta chain too long")
+        for p, off, hdr in reversed(chain):
+            data = b"".join(apply_delta(data, p.inflate(hdr)))  # type: ignore[arg-type]
+            cache.put((p.key, off), (type_num, data), len(data))
+        return type_num, data
+
+    def object_size(self, oid: bytes) -> tuple[int, int] | None:
+        """(type number, size) of ``oid`` without inflating whole deltas, or None."""
+        loc = self.locate(oid, needed=False)
+        if loc is None:
+            return None
+        if isinstance(loc, str):
+            type_num, data = self._read_loose(loc, oid)
+            return type_num, len(data)
+        return self._packed_size(loc.pack, loc.offset)
+
+    def _packed_size(self, pack: PackFile, offset: int) -> tuple[int, int]:
+        hdr = pack.read_header(offset)
+        if hdr.type_num not in (OFS_DELTA, REF_DELTA):
+            return hdr.type_num, hdr.size
+        # The target size is the second varint of the delta; its type is the base's.
+        d = zlib.decompressobj()
+        head = d.decompress(pack.read_raw(hdr.data_offset, hdr.data_offset + 64), 32)
+        _, pos = _varint(head, 0)
+        size, _ = _varint(head, pos)
+        base_type = self._base_type(pack, hdr)
+        return base_type, size
+
+    def _base_type(self, pack: PackFile, hdr: object) -> int:
+        for _ in range(_MAX_CHAIN):
+            assert hasattr(hdr, "type_num")
+            if hdr.type_num == OFS_DELTA:  # type: ignore[attr-defined]
+                hdr = pack.read_header(hdr.base_offset)  # type: ignore[attr-defined]
+            elif hdr.type_num == REF_DELTA:  # type: ignore[attr-defined]
+                loc = self.locate(hdr.base_oid, needed=True)  # type: ignore[attr-defined]
+                if loc is None:
+                    raise MissingObject(hdr.base_oid)  # type: ignore[attr-defined]
+                if isinstance(loc, str):
+                    return self._read_loose(loc, hdr.base_oid)[0]  # type: ignore[attr-defined]
+                pack, hdr = loc.pack, loc.pack.read_header(loc.offset)
+            else:
+                return hdr.type_num  # type: ignore[attr-defined,no-any-return]
+        raise ObjectStoreError("delta chain too long")
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        c = buf[pos]
+        pos += 1
+        value |= (c & 0x7F) << shift
+        shift += 7
+        if not c & 0x80:
+            return value, pos
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)

@@ -1,0 +1,268 @@
+"""One pack file and its index, cached for the life of the process.
+
+Pack files never change; only the set of packs does (DESIGN.md invariant 1). A
+:class:`PackFile` keeps its ``.idx`` mapped and its ``.pack`` open, and computes the reverse
+index (entry boundaries) and bitmaps lazily, once. It is safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import zlib
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass
+
+__all__ = [
+    "PackFile",
+    "PackFormatError",
+    "EntryHeader",
+    "OBJ_COMMIT",
+    "OBJ_TREE",
+    "OBJ_BLOB",
+    "OBJ_TAG",
+    "OFS_DELTA",
+    "REF_DELTA",
+    "TYPE_NAMES",
+    "TYPE_NUMS",
+    "parse_entry_header",
+    "encode_entry_header",
+]
+
+OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
+TYPE_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
+TYPE_NUMS = {v: k for k, v in TYPE_NAMES.items()}
+
+_IDX_MAGIC = b"\377tOc"
+_HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
+
+
+class PackFormatError(Exception):
+    """A pack or index file is not in a format we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """A pack entry's header: ``type_num`` (1-4, 6 or 7), inflated ``size`` (of the delta
+    for deltas), ``data_offset`` where the zlib stream starts, and the delta base as an
+    absolute pack offset (OFS_DELTA) or a binary object id (REF_DELTA)."""
+
+    type_num: int
+    size: int
+    data_offset: int
+    base_offset: int | None = None
+    base_oid: bytes | None = None
+
+
+def parse_entry_header(buf: bytes, offset: int, hash_len: int) -> EntryHeader:
+    """Decode the entry header in ``buf`` (read from pack ``offset``)."""
+    c = buf[0]
+    type_num = (c >> 4) & 7
+    size = c & 15
+    shift, i = 4, 1
+    while c & 0x80:
+        c = buf[i]
+        i += 1
+        size |= (c & 0x7F) << shift
+        shift += 7
+    if type_num == OFS_DELTA:
+        c = buf[i]
+        i += 1
+        rel = c & 0x7F
+        while c & 0x80:
+            c = buf[i]
+            i += 1
+            rel = ((rel + 1) << 7) | (c & 0x7F)
+        return EntryHeader(type_num, size, offset + i, base_offset=offset - rel)
+    if type_num == REF_DELTA:
+        return EntryHeader(type_num, size, offset + i + hash_len, base_oid=buf[i : i + hash_len])
+    if type_num not in TYPE_NAMES:
+        raise PackFormatError(f"bad object type {type_num} at offset {offset}")
+    return EntryHeader(type_num, size, offset + i)
+
+
+def encode_entry_header(type_num: int, size: int, base: int | bytes | None = None) -> bytes:
+    """Encode an entry header; ``base`` is the relative distance for OFS_DELTA (positive)
+    or the binary base id for REF_DELTA."""
+    out = bytearray()
+    c = (type_num << 4) | (size & 15)
+    size >>= 4
+    while size:
+        out.append(c | 0x80)
+        c = size & 0x7F
+        size >>= 7
+    out.append(c)
+    if type_num == OFS_DELTA:
+        assert isinstance(base, int) and base > 0
+        rel = bytearray([base & 0x7F])
+        base >>= 7
+        while base:
+            base -= 1
+            rel.append(0x80 | (base & 0x7F))
+            base >>= 7
+        rel.reverse()
+        out += rel
+    elif type_num == REF_DELTA:
+        assert isinstance(base, bytes)
+        out += base
+    return bytes(out)
+
+
+class PackFile:
+    """A ``pack-*.pack`` with its v2 ``.idx``. ``key`` identifies it across rescans."""
+
+    def __init__(self, base: str, hash_len: int, key: tuple[object, ...]) -> None:
+        self.base = base
+        self.name = os.path.basename(base)
+        self.hash_len = hash_len
+        self.key = key
+        self._lock = threading.Lock()
+        self._idx = self._map_index(base + ".idx")
+        self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.pack_size = os.fstat(self.fd).st_size
+            self._check_pack_header()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._sorted_offsets: array | None = None
+        self._pack_order: array | None = None
+        self.extra: dict[str, object] = {}  # lazily computed per-pack data (bitmaps, ...)
+
+    # -- index ----------------------------------------------------------------
+
+    def _map_index(self, path: str) -> mmap.mmap:
+        with open(path, "rb") as fh:
+            idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if idx[:4] != _IDX_MAGIC or struct.unpack(">I", idx[4:8])[0] != 2:
+            idx.close()
+            raise PackFormatError(f"{path}: only pack index version 2 is supported")
+        self.fanout = array("I", idx[8 : 8 + 1024])
+        if self.fanout.itemsize == 4 and array("I", [1]).tobytes()[0] == 1:
+            self.fanout.byteswap()
+        self.count = self.fanout[255]
+        n, h = self.count, self.hash_len
+        self._names_at = 8 + 1024
+        self._crc_at = self._names_at + n * h
+        self._ofs_at = self._crc_at + n * 4
+        self._large_at = self._ofs_at + n * 4
+        if len(idx) < self._large_at + 2 * h:
+            idx.close()
+            raise PackFormatError(f"{path}: truncated index")
+        return idx
+
+    def _check_pack_header(self) -> None:
+        head = os.pread(self.fd, 12, 0)
+        if head[:4] != b"PACK" or struct.unpack(">I", head[8:12])[0] != self.count:
+            raise PackFormatError(f"{self.base}.pack: header does not match its index")
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self._idx.close()
+
+    def find(self, oid: bytes) -> int:
+        """Index position of binary ``oid``, or -1."""
+        first = oid[0]
+        lo = self.fanout[first - 1] if first else 0
+        hi = self.fanout[first]
+        idx, h, base = self._idx, self.hash_len, self._names_at
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            at = base + mid * h
+            name = idx[at : at + h]
+            if name < oid:
+                lo = mid + 1
+            elif name > oid:
+                hi = mid
+            else:
+                return mid
+        return -1
+
+    def oid_at(self, pos: int) -> bytes:
+        at = self._names_at + pos * self.hash_len
+        return self._idx[at : at + self.hash_len]
+
+    def offset_at(self, pos: int) -> int:
+        at = self._ofs_at + pos * 4
+        off = int.from_bytes(self._idx[at : at + 4], "big")
+        if off & 0x80000000:
+            at = self._large_at + (off & 0x7FFFFFFF) * 8
+            off = int.from_bytes(self._idx[at : at + 8], "big")
+        return off
+
+    def crc_at(self, pos: int) -> int:
+        at = self._crc_at + pos * 4
+        return int.from_bytes(self._idx[at : at + 4], "big")
+
+    def pack_checksum(self) -> bytes:
+        """The pack's trailing checksum, as recorded at the end of the index."""
+        end = len(self._idx) - self.hash_len
+        return self._idx[end - self.hash_len : end]
+
+    # -- reverse index ---------------------------------------------------------
+
+    def _load_reverse(self) -> None:
+        with self._lock:
+            if self._sorted_offsets is not None:
+                return
+            n = self.count
+            offsets = [self.offset_at(i) for i in range(n)]
+            order = sorted(range(n), key=offsets.__getitem__)
+            self._pack_order = array("I", order)
+            sorted_offsets = array("Q", (offsets[i] for i in order))
+            sorted_offsets.append(self.pack_size - self.hash_len)
+            self._sorted_offsets = sorted_offsets
+
+    @property
+    def sorted_offsets(self) -> array:
+        """Entry offsets in pack order, plus the trailer's offset as a sentinel."""
+        if self._sorted_offsets is None:
+            self._load_reverse()
+        assert self._sorted_offsets is not None
+        return self._sorted_offsets
+
+    @property
+    def pack_order(self) -> array:
+        """``pack_order[i]`` is the index position of the i-th entry in pack order."""
+        if self._pack_order is None:
+            self._load_reverse()
+        assert self._pack_order is not None
+        return self._pack_order
+
+    def entry_end(self, offset: int) -> int:
+        """Offset just past the entry at ``offset``."""
+        offs = self.sorted_offsets
+        return offs[bisect_right(offs, offset)]
+
+    # -- entries ----------------------------------------------------------------
+
+    def read_header(self, offset: int) -> EntryHeader:
+        return parse_entry_header(os.pread(self.fd, _HEADER_READ, offset), offset, self.hash_len)
+
+    def read_raw(self, start: int, end: int) -> bytes:
+        return os.pread(self.fd, end - start, start)
+
+    def inflate(self, hdr: EntryHeader) -> bytes:
+        """Inflate the entry's zlib stream (the object, or the delta for deltas)."""
+        want = hdr.size
+        d = zlib.decompressobj()
+        pos = hdr.data_offset
+        chunk = max(512, want // 2 + 64)
+        parts: list[bytes] = []
+        got = 0
+        while not d.eof:
+            data = os.pread(self.fd, chunk, pos)
+            if not data:
+                raise PackFormatError(f"{self.name}: truncated entry at {hdr.data_offset}")
+            pos += len(data)
+            out = d.decompress(data, want - got + 1)
+            parts.append(out)
+            got += len(out)
+            chunk = max(chunk, 65536)
+        result = b"".join(parts) if len(parts) != 1 else parts[0]
+        if len(result) != want:
+            raise PackFormatError(f"{self.name}: bad entry size at {hdr.data_offset}")
+        return result

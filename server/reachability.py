@@ -1,0 +1,285 @@
+"""Which objects a fetch may have and must get (DESIGN.md: wants − haves, shallow, filter).
+
+* :func:`check_wants`: every want must be reachable from a visible ref (gitprotocol-pack,
+  PROTOCOL-NOTES 7). Objects reachable only from hidden refs are never served.
+* :func:`enumerate_objects`: ``rev-list --objects wants --not haves`` with shallow cuts,
+  object filters and include-tag, as an ordered list of (binary id, type number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from protocol.filters import (
+    BlobLimit,
+    BlobNone,
+    Combine,
+    FilterSpec,
+    ObjectType,
+    TreeDepth,
+)
+
+from .commits import CommitSource
+from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
+
+__all__ = ["check_wants", "enumerate_objects", "Enumeration", "ObjectEntry"]
+
+ObjectEntry = tuple[bytes, int]
+
+
+def check_wants(
+    src: CommitSource, wants: Iterable[bytes], tips: Iterable[bytes]
+) -> bytes | None:
+    """Return the first want not reachable from ``tips`` (None when all are).
+
+    Tips and their peeled targets are accepted at once; other commits need a commit walk,
+    and trees or blobs (partial-clone lazy fetches) a walk of the trees as well.
+    """
+    tip_set = set(tips)
+    pending = [w for w in dict.fromkeys(wants) if w not in tip_set]
+    if not pending:
+        return None
+    missing = [w for w in pending if not src.odb.contains(w)]
+    if missing:
+        return missing[0]
+    commits, others = [], []
+    for w in pending:
+        (commits if src.object_type(w) == OBJ_COMMIT else others).append(w)
+    tip_commits, tip_others = _expand_tips(src, tip_set)
+    remaining = set(commits)
+    walked: list[bytes] = []
+    if remaining or others:
+        walked, _ = src.walk_by_date(tip_commits, [])
+        remaining.difference_update(walked)
+    if remaining:
+        return next(iter(remaining))
+    if others:
+        left = set(others) - tip_others
+        if left:
+            left = _find_in_trees(src, walked, tip_others, left)
+        if left:
+            return next(iter(left))
+    return None
+
+
+def _expand_tips(src: CommitSource, tips: set[bytes]) -> tuple[list[bytes], set[bytes]]:
+    """Commits to walk from, and non-commit objects (tags, trees, blobs) the tips name."""
+    commits, others = [], set()
+    for tip in tips:
+        target, type_num, tags = src.peel(tip)
+        others.update(tags)
+        if type_num == OBJ_COMMIT:
+            commits.append(target)
+        else:
+            others.add(target)
+    return commits, others
+
+
+def _find_in_trees(
+    src: CommitSource, commits: Sequence[bytes], roots: set[bytes], wanted: set[bytes]
+) -> set[bytes]:
+    seen: set[bytes] = set()
+    stack = [src.commit(c).tree for c in commits] + [r for r in roots if src.object_type(r) == OBJ_TREE]
+    while stack and wanted:
+        tree = stack.pop()
+        if tree in seen:
+            continue
+        seen.add(tree)
+        wanted.discard(tree)
+        for _, is_tree, oid in src.tree(tree):
+            if is_tree:
+                if oid not in seen:
+                    stack.append(oid)
+            else:
+                wanted.discard(oid)
+    return wanted
+
+
+# ---------------------------------------------------------------- filters
+
+
+@dataclass
+class _Filter:
+    """Evaluates a filter spec for an object at a depth below its root tree."""
+
+    spec: FilterSpec | None
+    src: CommitSource
+    sizes: dict[bytes, int] = field(default_factory=dict)
+
+    def _blob_size(self, oid: bytes) -> int:
+        size = self.sizes.get(oid)
+        if size is None:
+            found = self.src.odb.object_size(oid)
+            size = found[1] if found else 0
+            self.sizes[oid] = size
+        return size
+
+    def _leaf(self, spec: FilterSpec, oid: bytes, type_num: int, depth: int) -> tuple[bool, bool]:
+        if isinstance(spec, BlobNone):
+            return type_num != OBJ_BLOB, True
+        if isinstance(spec, BlobLimit):
+            return type_num != OBJ_BLOB or self._blob_size(oid) < spec.limit, True
+        if isinstance(spec, TreeDepth):
+            if type_num in (OBJ_TREE, OBJ_BLOB):
+                return depth < spec.depth, depth < spec.depth
+            return True, True
+        if isinstance(spec, ObjectType):
+            return TYPE_NAMES[type_num].decode() == spec.type_name, True
+        return True, True
+
+    def check(self, oid: bytes, type_num: int, depth: int) -> tuple[bool, bool]:
+        """(send it, walk into it) for an object ``depth`` levels below the root tree."""
+        spec = self.spec
+        if spec is None:
+            return True, True
+        if isinstance(spec, Combine):
+            show = walk = True
+            for sub in spec.filters:
+                s, w = self._leaf(sub, oid, type_num, depth)
+                show, walk = show and s, walk and w
+            return show, walk
+        return self._leaf(spec, oid, type_num, depth)
+
+
+# ---------------------------------------------------------------- enumeration
+
+
+@dataclass
+class Enumeration:
+    """The objects to send, in the order found, and what the client is known to have."""
+
+    objects: list[ObjectEntry]
+    commits: int
+    have_objects: set[bytes]  # trees/blobs of the boundary: delta bases for thin packs
+    edge_commits: set[bytes]
+
+
+def _split_wants(src: CommitSource, wants: Iterable[bytes]) -> tuple[list[bytes], list[ObjectEntry]]:
+    """Commits to walk, and wanted non-commit objects (tags with their chain, trees, blobs)."""
+    commits: list[bytes] = []
+    direct: list[ObjectEntry] = []
+    for want in wants:
+        target, type_num, tags = src.peel(want)
+        direct.extend((t, OBJ_TAG) for t in tags)
+        if type_num == OBJ_COMMIT:
+            commits.append(target)
+        else:
+            direct.append((target, type_num))
+    return commits, direct
+
+
+def _mark_have_trees(src: CommitSource, roots: Iterable[bytes]) -> set[bytes]:
+    have: set[bytes] = set()
+    stack = list(roots)
+    while stack:
+        tree = stack.pop()
+        if tree in have:
+            continue
+        have.add(tree)
+        for _, is_tree, oid in src.tree(tree):
+            if is_tree:
+                if oid not in have:
+                    stack.append(oid)
+            else:
+                have.add(oid)
+    return have
+
+
+def _walk_tree(
+    src: CommitSource, root: bytes, flt: _Filter, out: list[ObjectEntry],
+    seen: dict[bytes, int], have: set[bytes],
+) -> None:
+    stack = [(root, 0)]
+    while stack:
+        tree, depth = stack.pop()
+        prev = seen.get(tree)
+        if tree in have or (prev is not None and prev <= depth):
+            continue
+        show, walk = flt.check(tree, OBJ_TREE, depth)
+        first = prev is None
+        seen[tree] = depth
+        if show and (first or not _shown(out, tree)):
+            out.append((tree, OBJ_TREE))
+        if not walk:
+            continue
+        for _, is_tree, oid in reversed(src.tree(tree)):
+            if is_tree:
+                stack.append((oid, depth + 1))
+            elif oid not in have:
+                bprev = seen.get(oid)
+                if bprev is not None and bprev <= depth + 1:
+                    continue
+                seen[oid] = depth + 1
+                bshow, _ = flt.check(oid, OBJ_BLOB, depth + 1)
+                if bshow and (bprev is None or not _shown(out, oid)):
+                    out.append((oid, OBJ_BLOB))
+
+
+def _shown(out: list[ObjectEntry], oid: bytes) -> bool:
+    # Only reached when an object is met again at a smaller depth under tree:<n> filters.
+    return any(o == oid for o, _ in out)
+
+
+def enumerate_objects(
+    src: CommitSource,
+    wants: Sequence[bytes],
+    haves: Sequence[bytes],
+    cut: frozenset[bytes],
+    spec: FilterSpec | None,
+    tag_refs: Sequence[tuple[bytes, bytes]] = (),
+) -> Enumeration:
+    """``rev-list --objects wants --not haves``: commits newest first, then tags, trees and
+    blobs. Wanted objects are always sent, whatever the filter (``--filter-provided-objects``
+    is off in upload-pack). ``tag_refs`` are (tag object, peeled target) pairs for
+    include-tag; pass them only when the client asked for include-tag.
+    """
+    want_commits, direct = _split_wants(src, wants)
+    have_commits, _ = _split_wants(src, haves)
+    commits, bad = src.walk_by_date(want_commits, have_commits, cut)
+    flt = _Filter(spec, src)
+    edges = {p for c in commits for p in src.commit(c).parents if p in bad}
+    edges.update(c for c in have_commits if c in bad)
+    have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges))
+    out: list[ObjectEntry] = []
+    listed: set[bytes] = set()
+    for c in commits:
+        if flt.check(c, OBJ_COMMIT, 0)[0]:
+            out.append((c, OBJ_COMMIT))
+    for oid, type_num in direct:
+        if oid not in listed and oid not in have_objects:
+            listed.add(oid)
+            out.append((oid, type_num))
+    seen: dict[bytes, int] = {oid: 0 for oid in listed}
+    for oid, type_num in direct:
+        if type_num == OBJ_TREE:
+            seen.pop(oid, None)
+            _walk_tree_keep_root(src, oid, flt, out, seen, have_objects)
+    for c in commits:
+        _walk_tree(src, src.commit(c).tree, flt, out, seen, have_objects)
+    _include_tags(out, tag_refs, bad | have_objects)
+    return Enumeration(out, len(commits), have_objects, edges)
+
+
+def _walk_tree_keep_root(
+    src: CommitSource, root: bytes, flt: _Filter, out: list[ObjectEntry],
+    seen: dict[bytes, int], have: set[bytes],
+) -> None:
+    """Walk a wanted tree: the root itself is already listed, its contents follow the filter."""
+    before = len(out)
+    _walk_tree(src, root, flt, out, seen, have)
+    if len(out) > before and out[before] == (root, OBJ_TREE):
+        del out[before]
+
+
+def _include_tags(
+    out: list[ObjectEntry], tag_refs: Sequence[tuple[bytes, bytes]], client_has: set[bytes]
+) -> None:
+    """pack-objects --include-tag: add tag objects whose target is being sent."""
+    if not tag_refs:
+        return
+    sending = {oid for oid, _ in out}
+    for tag, target in tag_refs:
+        if target in sending and tag not in sending and tag not in client_has:
+            out.append((tag, OBJ_TAG))
+            sending.add(tag)

@@ -1,0 +1,207 @@
+"""Find repositories under ``--root`` and read the settings upload-pack honours.
+
+Every bare repository (``*.git`` or any directory with HEAD, objects and refs) and every
+non-bare repository's ``.git`` is served at its path relative to the root; ``/team/app``
+and ``/team/app.git`` reach the same repository. Nothing that resolves outside the root
+(``..``, encoded dots, symlinks) is served.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from dataclasses import dataclass, field
+
+from dulwich.config import ConfigFile
+
+from protocol.refs import parse_hide_pattern
+
+from .fsops import FsOps
+from .refs import RefCache
+
+__all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config"]
+
+
+class RepoNotFound(Exception):
+    """No servable repository at that path (answered with 404)."""
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    """The parts of a repository's git config that upload-pack reads (upload-pack.c)."""
+
+    hide_refs: tuple[bytes, ...] = ()
+    allow_filter: bool = True
+    allow_ref_in_want: bool = False
+    allow_tip_sha1: bool = False
+    allow_reachable_sha1: bool = False
+    allow_any_sha1: bool = False
+    allow_sideband_all: bool = False
+    filter_allow: dict[str, bool] = field(default_factory=dict)
+    filter_allow_default: bool = True
+    tree_filter_max_depth: int | None = None
+    object_format: str = "sha1"
+    advertise_sid: bool = False
+    unborn: str = "advertise"
+
+
+def _bool(cf: ConfigFile, section: tuple[bytes, ...], name: bytes, default: bool) -> bool:
+    try:
+        value = cf.get_boolean(section, name)
+    except (KeyError, ValueError):
+        return default
+    return default if value is None else bool(value)
+
+
+def _hide_refs(cf: ConfigFile) -> tuple[bytes, ...]:
+    out: list[bytes] = []
+    for section in cf.sections():
+        if section not in ((b"uploadpack",), (b"transfer",)):
+            continue
+        for key, value in cf.items(section):
+            if key.lower() == b"hiderefs" and value:
+                out.append(parse_hide_pattern(value))
+    return tuple(out)
+
+
+def _filter_config(cf: ConfigFile) -> tuple[dict[str, bool], bool, int | None]:
+    allow: dict[str, bool] = {}
+    default = _bool(cf, (b"uploadpackfilter",), b"allow", True)
+    max_depth: int | None = None
+    for section in cf.sections():
+        if len(section) != 2 or section[0].lower() != b"uploadpackfilter":
+            continue
+        sub = section[1].decode("utf-8", "replace")
+        for key, value in cf.items(section):
+            if key.lower() == b"allow":
+                allow[sub] = value.lower() in (b"true", b"yes", b"on", b"1")
+            elif sub == "tree" and key.lower() == b"maxdepth" and value.isdigit():
+                max_depth = int(value)
+                allow.setdefault("tree", True)
+    return allow, default, max_depth
+
+
+def parse_repo_config(data: bytes) -> RepoConfig:
+    """Parse a repository's ``config`` file text."""
+    try:
+        cf = ConfigFile.from_file(io.BytesIO(data))
+    except Exception:  # dulwich raises several types for a malformed file
+        return RepoConfig()
+    up = (b"uploadpack",)
+    fmt = b"sha1"
+    try:
+        fmt = cf.get((b"extensions",), b"objectformat").lower()
+    except KeyError:
+        pass
+    allow, default, max_depth = _filter_config(cf)
+    unborn = b"advertise"
+    try:
+        unborn = cf.get((b"lsrefs",), b"unborn").lower()
+    except KeyError:
+        pass
+    return RepoConfig(
+        hide_refs=_hide_refs(cf),
+        allow_filter=_bool(cf, up, b"allowfilter", True),
+        allow_ref_in_want=_bool(cf, up, b"allowrefinwant", False),
+        allow_tip_sha1=_bool(cf, up, b"allowtipsha1inwant", False),
+        allow_reachable_sha1=_bool(cf, up, b"allowreachablesha1inwant", False),
+        allow_any_sha1=_bool(cf, up, b"allowanysha1inwant", False),
+        allow_sideband_all=_bool(cf, up, b"allowsidebandall", False),
+        filter_allow=allow,
+        filter_allow_default=default,
+        tree_filter_max_depth=max_depth,
+        object_format=fmt.decode("ascii", "replace"),
+        advertise_sid=_bool(cf, (b"transfer",), b"advertisesid", False),
+        unborn=unborn.decode("ascii", "replace"),
+    )
+
+
+@dataclass
+class Repo:
+    """A servable repository and its process-wide caches."""
+
+    url_path: str
+    gitdir: str
+    ref_cache: RefCache
+    _config: tuple[tuple[int, ...], RepoConfig] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def objects_dir(self) -> str:
+        return os.path.join(self.gitdir, "objects")
+
+    def config(self, fs: FsOps, cache: bool = True) -> RepoConfig:
+        """The repository config, re-read only when the file's stat changes."""
+        path = os.path.join(self.gitdir, "config")
+        st = fs.stat_or_none(path)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns) if st else (0, 0, 0)
+        cached = self._config
+        if cache and cached is not None and cached[0] == key:
+            return cached[1]
+        data = fs.read_file_or_none(path) if st else b""
+        cfg = parse_repo_config(data or b"")
+        self._config = (key, cfg)
+        return cfg
+
+
+def _is_git_dir(path: str) -> bool:
+    return (
+        os.path.isfile(os.path.join(path, "HEAD"))
+        and os.path.isdir(os.path.join(path, "objects"))
+        and os.path.isdir(os.path.join(path, "refs"))
+    )
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _clean_segments(rel: str) -> list[str]:
+    parts = [p for p in rel.split("/") if p]
+    for p in parts:
+        if p in (".", "..") or "\0" in p or "\\" in p:
+            raise RepoNotFound(rel)
+    return parts
+
+
+class RepoResolver:
+    """Maps URL paths to :class:`Repo` objects; caches positive answers per real path."""
+
+    def __init__(self, root: str, cross_request_cache: bool = True) -> None:
+        self.root = os.path.realpath(root)
+        self.cross_request_cache = cross_request_cache
+        self._repos: dict[str, Repo] = {}
+        self._by_url: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _candidates(self, parts: list[str]) -> list[str]:
+        rel = os.path.join(self.root, *parts) if parts else self.root
+        if parts and parts[-1].endswith(".git"):
+            bare = parts[-1][: -len(".git")]
+            plain = os.path.join(self.root, *parts[:-1], bare) if bare else None
+            return [rel] + ([os.path.join(plain, ".git")] if plain else [])
+        return [rel + ".git", os.path.join(rel, ".git"), rel]
+
+    def resolve(self, url_path: str, fs: FsOps | None = None) -> Repo:
+        """The repository at ``url_path`` (relative to root), or :class:`RepoNotFound`."""
+        parts = _clean_segments(url_path)
+        key = "/".join(parts)
+        real = self._by_url.get(key)
+        if real is not None:
+            if fs is not None:
+                fs.note("stat")
+            if os.path.isdir(real):
+                return self._repos[real]
+        for cand in self._candidates(parts):
+            real = os.path.realpath(cand)
+            if not _is_within(real, self.root) or not _is_git_dir(real):
+                continue
+            with self._lock:
+                repo = self._repos.get(real)
+                if repo is None:
+                    repo = Repo(key, real, RefCache(enabled=self.cross_request_cache))
+                    self._repos[real] = repo
+                self._by_url[key] = real
+            return repo
+        raise RepoNotFound(url_path)

@@ -1,0 +1,173 @@
+"""Writing a response: 32 KiB buffered pkt-lines, side-band framing, progress, keepalive,
+backpressure and cancellation (DESIGN.md "server/stream.py").
+
+Every write to the transport goes through :meth:`PktWriter._send`, which is where write
+calls per response are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+from aiohttp import web
+
+from protocol.fetch_request import Sideband
+from protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
+from protocol.sideband import (
+    BAND_DATA,
+    BAND_ERROR,
+    BAND_PROGRESS,
+    encode_band,
+    encode_keepalive,
+    max_band_payload,
+)
+
+from .packsource import Progress
+
+__all__ = ["PktWriter", "pump_pack"]
+
+_END = object()
+
+
+class PktWriter:
+    """Buffers pkt-lines into chunks of at least 32 KiB before writing them."""
+
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        sideband: Sideband = Sideband.NONE,
+        sideband_all: bool = False,
+        chunk_size: int = 32 * 1024,
+    ) -> None:
+        self.response = response
+        self.sideband = sideband
+        self.sideband_all = sideband_all
+        self.buf = PktBuffer(chunk_size)
+        self.writes = 0
+        self.bytes = 0
+        self.pack_bytes = 0
+        self.last_write = time.monotonic()
+        self._band_max = max_band_payload(sideband is Sideband.LARGE)
+
+    async def _send(self, data: bytes) -> None:
+        if not data:
+            return
+        self.writes += 1
+        self.bytes += len(data)
+        self.last_write = time.monotonic()
+        await self.response.write(data)
+
+    async def _maybe(self, chunk: bytes | None) -> None:
+        if chunk is not None:
+            await self._send(chunk)
+
+    async def pkt(self, payload: bytes) -> None:
+        """One data pkt-line (band 1 under sideband-all)."""
+        if self.sideband_all:
+            payload = bytes((BAND_DATA,)) + payload
+        await self._maybe(self.buf.add(payload))
+
+    async def pkts(self, payloads: Iterable[bytes]) -> None:
+        for payload in payloads:
+            await self.pkt(payload)
+
+    async def flush_pkt(self) -> None:
+        await self._maybe(self.buf.add_raw(FLUSH_PKT))
+
+    async def delim_pkt(self) -> None:
+        await self._maybe(self.buf.add_raw(DELIM_PKT))
+
+    async def drain(self) -> None:
+        """Write whatever is buffered."""
+        await self._send(self.buf.take())
+
+    async def band(self, band: int, data: bytes) -> None:
+        """Data on a side-band channel; without side-band, pack data goes raw and the rest
+        is dropped (there is no room for it in the protocol)."""
+        if self.sideband is Sideband.NONE:
+            if band == BAND_DATA:
+                await self._maybe(self.buf.add_raw(data))
+            return
+        await self._maybe(self.buf.add_raw(encode_band(band, data, self._band_max)))
+
+    async def pack_data(self, data: bytes) -> None:
+        self.pack_bytes += len(data)
+        await self.band(BAND_DATA, data)
+        await self.drain()
+
+    async def progress(self, text: bytes) -> None:
+        if self.sideband is not Sideband.NONE:
+            await self.band(BAND_PROGRESS, text)
+
+    async def error(self, message: str, in_band: bool) -> None:
+        """Report a fatal error after the headers went out: band 3, or an ERR line."""
+        text = message.encode("utf-8", "replace")[:60000]
+        if in_band and self.sideband is not Sideband.NONE:
+            await self.band(BAND_ERROR, text + b"\n")
+        else:
+            await self._maybe(self.buf.add_raw(encode_pkt(b"ERR " + text + b"\n")))
+        await self.drain()
+
+    async def keepalive(self) -> None:
+        if self.sideband is not Sideband.NONE:
+            await self._maybe(self.buf.add_raw(encode_keepalive()))
+            await self.drain()
+
+
+async def pump_pack(
+    writer: PktWriter,
+    executor: Executor,
+    make_iter: Callable[[], Iterator[Any]],
+    keepalive: float,
+    no_progress: bool,
+    on_item: Callable[[Any], None] | None = None,
+) -> None:
+    """Pull items from a blocking iterator in ``executor`` and write them as they come.
+
+    One item is prefetched while the previous one is written. Silence longer than
+    ``keepalive`` seconds sends a keepalive. If the client goes away (the write raises or
+    the task is cancelled) the iterator is closed once its current step finishes.
+    """
+    loop = asyncio.get_running_loop()
+    it = await loop.run_in_executor(executor, make_iter)
+    fut = loop.run_in_executor(executor, next, it, _END)
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(asyncio.shield(fut), keepalive)
+            except TimeoutError:
+                await writer.keepalive()
+                continue
+            if item is _END:
+                break
+            fut = loop.run_in_executor(executor, next, it, _END)
+            if on_item is not None:
+                on_item(item)
+            if isinstance(item, Progress):
+                if not no_progress:
+                    await writer.progress(item.text)
+                    await writer.drain()
+            else:
+                await writer.pack_data(item)
+    finally:
+        _close_when_done(fut, it, executor, loop)
+
+
+def _close_when_done(fut: asyncio.Future[Any], it: Iterator[Any], executor: Executor,
+                     loop: asyncio.AbstractEventLoop) -> None:
+    close = getattr(it, "close", None)
+    if close is None:
+        return
+
+    def _after(_: object) -> None:
+        if not loop.is_closed():
+            loop.run_in_executor(executor, close)
+
+    if fut.done():
+        _after(fut)
+    else:
+        fut.add_done_callback(_after)

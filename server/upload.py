@@ -1,0 +1,327 @@
+"""The core of one upload-pack request, independent of HTTP.
+
+Everything here is blocking and runs in the server's thread pool: it reads the repository
+through one :class:`RefSnapshot` and one :class:`ObjectSnapshot` per request and returns
+plain values (payload lists, a :class:`FetchPlan`) for the async writer in ``http.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from protocol.advertise import format_v0_capabilities, iter_v0_advertisement
+from protocol.capabilities import V2Features, iter_v2_capabilities
+from protocol.errors import ClientError
+from protocol.fetch_request import FetchRequest
+from protocol.filters import FilterSpec, SparseOid, TreeDepth, filter_config_name, iter_filter_leaves
+from protocol.ls_refs import LsRefsRequest, iter_ls_refs
+from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
+from protocol.object_info import ObjectInfoRequest, iter_object_info
+from protocol.oid import zero_oid
+from protocol.refs import HeadInfo, Ref
+
+from .commits import CommitSource
+from .fsops import FsOps
+from .negotiation import HaveTracker
+from .odb import ObjectSnapshot, ObjectStoreError, PackRegistry
+from .packsource import PackSource, Progress, ReusePackSource
+from .reachability import Enumeration, check_wants, enumerate_objects
+from .refs import RefSnapshot, read_ref_snapshot
+from .repos import Repo, RepoConfig
+from .shallow import ShallowPlan, plan_shallow
+
+__all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch", "iter_pack"]
+
+HASH_LEN = {"sha1": 20, "sha256": 32}
+
+# Capability names a v0 client may request (what we advertise, by name).
+V0_REQUEST_CAPS = frozenset(
+    b"multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since deepen-not "
+    b"deepen-relative no-progress include-tag multi_ack_detailed no-done agent "
+    b"object-format session-id".split()
+)
+
+
+@dataclass
+class RequestContext:
+    """One request's view of one repository: config, refs and objects, each read once."""
+
+    repo: Repo
+    registry: PackRegistry
+    agent: bytes
+    allowed_root: str
+    cache: bool = True
+    fs: FsOps = field(default_factory=FsOps)
+    phases: dict[str, float] = field(default_factory=dict)
+    _config: RepoConfig | None = None
+    _refs: RefSnapshot | None = None
+    _odb: ObjectSnapshot | None = None
+    _src: CommitSource | None = None
+
+    # -- lazily read state ---------------------------------------------------
+
+    @property
+    def config(self) -> RepoConfig:
+        if self._config is None:
+            self._config = self.repo.config(self.fs, self.cache)
+        return self._config
+
+    @property
+    def object_format(self) -> str:
+        fmt = self.config.object_format
+        if fmt not in HASH_LEN:
+            raise ClientError(f"unsupported object format {fmt}", http_status=403)
+        return fmt
+
+    @property
+    def hash_len(self) -> int:
+        return HASH_LEN[self.object_format]
+
+    @property
+    def odb(self) -> ObjectSnapshot:
+        if self._odb is None:
+            self._odb = ObjectSnapshot(self.repo.objects_dir, self.hash_len, self.registry,
+                                       self.fs, self.allowed_root)
+        return self._odb
+
+    @property
+    def src(self) -> CommitSource:
+        if self._src is None:
+            self._src = CommitSource(self.odb)
+        return self._src
+
+    @property
+    def refs(self) -> RefSnapshot:
+        if self._refs is None:
+            self._refs = read_ref_snapshot(self.repo.gitdir, self.fs, self.repo.ref_cache,
+                                           self.hash_len * 2, self._peel)
+        return self._refs
+
+    def _peel(self, oid_hex: bytes) -> bytes | None:
+        """Peel a loose ref's value when it names a tag (cached process-wide by id)."""
+        cache = self.registry.peeled
+        if oid_hex in cache:
+            return cache[oid_hex]
+        try:
+            target, _, tags = self.src.peel(bytes.fromhex(oid_hex.decode("ascii")))
+        except (ObjectStoreError, ValueError):
+            return None
+        result = target.hex().encode() if tags else None
+        cache[oid_hex] = result
+        return result
+
+    def visible(self) -> tuple[HeadInfo | None, list[Ref]]:
+        return self.refs.visible(self.config.hide_refs)
+
+    def timed(self, phase: str, start: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - start
+
+    # -- advertisement ---------------------------------------------------------
+
+    def v0_capabilities(self, head: HeadInfo | None) -> bytes:
+        cfg = self.config
+        return format_v0_capabilities(
+            object_format=self.object_format.encode(),
+            agent=self.agent,
+            head_target=head.target if head is not None and head.oid is not None else None,
+            allow_tip_sha1=cfg.allow_tip_sha1 or cfg.allow_any_sha1,
+            allow_reachable_sha1=cfg.allow_reachable_sha1 or cfg.allow_any_sha1,
+            allow_filter=cfg.allow_filter,
+        )
+
+    def v0_advertisement(self, version: int) -> Iterator[bytes]:
+        head, refs = self.visible()
+        caps = self.v0_capabilities(head)
+        return iter_v0_advertisement(head, refs, caps, zero_oid(self.object_format), version)
+
+    def v2_features(self) -> V2Features:
+        cfg = self.config
+        return V2Features(
+            agent=self.agent,
+            object_format=self.object_format.encode(),
+            allow_filter=cfg.allow_filter,
+            allow_ref_in_want=cfg.allow_ref_in_want,
+            allow_sideband_all=cfg.allow_sideband_all,
+            advertise_unborn=cfg.unborn == "advertise",
+        )
+
+    def v2_capabilities(self) -> Iterator[bytes]:
+        return iter_v2_capabilities(self.v2_features())
+
+    def ls_refs(self, req: LsRefsRequest) -> Iterator[bytes]:
+        head, refs = self.visible()
+        if req.unborn and self.config.unborn == "ignore":
+            req = LsRefsRequest(req.peel, req.symrefs, False, req.prefixes)
+        return iter_ls_refs(req, head, refs)
+
+    def object_info(self, req: ObjectInfoRequest) -> list[bytes]:
+        oids = [bytes.fromhex(o.decode()) for o in req.oids]
+        allowed = self._reachable_subset(oids)
+        sizes = []
+        for hex_oid, oid in zip(req.oids, oids, strict=True):
+            found = self.odb.object_size(oid) if oid in allowed else None
+            sizes.append((hex_oid, found[1] if found else None))
+        return list(iter_object_info(req, sizes))
+
+    def _reachable_subset(self, oids: Sequence[bytes]) -> set[bytes]:
+        if self.config.allow_any_sha1:
+            return set(oids)
+        ok = set()
+        for oid in oids:
+            if self.odb.contains(oid) and check_wants(self.src, [oid], self.tips()) is None:
+                ok.add(oid)
+        return ok
+
+    def tips(self) -> set[bytes]:
+        """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
+        head, refs = self.visible()
+        tips = {bytes.fromhex(r.oid.decode()) for r in refs}
+        if head is not None and head.oid is not None:
+            tips.add(bytes.fromhex(head.oid.decode()))
+        return tips
+
+
+@dataclass
+class FetchPlan:
+    """Everything decided before the response starts."""
+
+    req: FetchRequest
+    wants: list[bytes]
+    shallow: ShallowPlan
+    v0: V0Answer | None = None
+    v2: V2Answer | None = None
+    wanted_refs: list[tuple[bytes, bytes]] = field(default_factory=list)
+    common: list[bytes] = field(default_factory=list)
+
+    @property
+    def send_pack(self) -> bool:
+        if self.v0 is not None:
+            return self.v0.send_pack
+        return self.v2 is not None and self.v2.send_pack
+
+
+def _check_filter(cfg: RepoConfig, spec: FilterSpec | None) -> None:
+    if spec is None:
+        return
+    for leaf in [spec, *iter_filter_leaves(spec)]:
+        name = filter_config_name(leaf)
+        if isinstance(leaf, SparseOid):
+            raise ClientError("filter 'sparse:oid' not supported by this server", 200)
+        allowed = cfg.filter_allow.get(name, cfg.filter_allow_default)
+        if not allowed:
+            raise ClientError(f"filter '{name}' not supported", 200)
+        if isinstance(leaf, TreeDepth) and cfg.tree_filter_max_depth is not None:
+            if leaf.depth > cfg.tree_filter_max_depth:
+                raise ClientError(
+                    f"tree filter allows max depth {cfg.tree_filter_max_depth}, "
+                    f"but got {leaf.depth}", 200)
+
+
+def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
+    """refs.c expand_ref's rules (the dwim a client may lean on for deepen-not)."""
+    rules = [b"%s", b"refs/%s", b"refs/tags/%s", b"refs/heads/%s", b"refs/remotes/%s",
+             b"refs/remotes/%s/HEAD"]
+    found = [refs[r % name] for r in rules if (r % name) in refs]
+    if len(found) > 1 and len({f.oid for f in found}) > 1:
+        raise ClientError(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}", 200)
+    if not found:
+        raise ClientError(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}", 200)
+    return found[0]
+
+
+def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
+    """Validate and decide (blocking). Raises :class:`ClientError` to refuse."""
+    start = time.monotonic()
+    cfg = ctx.config
+    if req.filter is not None:
+        if not cfg.allow_filter:
+            raise ClientError("git upload-pack: filtering capability not negotiated", 200)
+        _check_filter(cfg, req.filter)
+    head, refs = ctx.visible()
+    by_name = {r.name: r for r in refs}
+    wants = [bytes.fromhex(w.decode()) for w in req.wants]
+    wanted_refs: list[tuple[bytes, bytes]] = []
+    for name in req.want_refs:
+        ref = by_name.get(name)
+        if ref is None:
+            raise ClientError(f"unknown ref {name.decode('utf-8', 'replace')}", 200)
+        wanted_refs.append((name, ref.oid))
+        wants.append(bytes.fromhex(ref.oid.decode()))
+    _check_want_policy(ctx, wants)
+    src = ctx.src
+    client_shallows = _known_commits(ctx, req.shallows)
+    deepen_not = [bytes.fromhex(_expand_ref(n, by_name).oid.decode()) for n in req.deepen_not]
+    try:
+        shallow = plan_shallow(src, req, wants, client_shallows, deepen_not)
+    except ObjectStoreError as exc:
+        raise ClientError(f"git upload-pack: {exc}", 200) from None
+    tracker = HaveTracker(src, wants + list(shallow.extra_wants))
+    plan = FetchPlan(req, wants, shallow, wanted_refs=wanted_refs)
+    if req.version == 2:
+        plan.v2 = negotiate_v2(req, tracker)
+    else:
+        plan.v0 = negotiate_v0(req, tracker)
+    plan.common = list(tracker.common)
+    ctx.timed("negotiate", start)
+    return plan
+
+
+def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes]:
+    """Client shallow lines that name commits we have (upload-pack ignores the others)."""
+    out = []
+    for hex_oid in shallows:
+        oid = bytes.fromhex(hex_oid.decode())
+        if not ctx.odb.contains(oid):
+            continue
+        if ctx.src.object_type(oid) != 1:
+            raise ClientError(f"invalid shallow object {hex_oid.decode()}", 200)
+        out.append(oid)
+    return out
+
+
+def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
+    """Every want must exist and, unless allowAnySHA1InWant, be reachable from a visible
+    ref (PROTOCOL-NOTES 7). The refusal names the first offending id, as C git does."""
+    missing = [w for w in wants if not ctx.odb.contains(w)]
+    if not missing and ctx.config.allow_any_sha1:
+        return
+    bad = missing[0] if missing else check_wants(ctx.src, wants, ctx.tips())
+    if bad is not None:
+        raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
+
+
+def enumerate_for(ctx: RequestContext, plan: FetchPlan) -> Enumeration:
+    """Walk the objects to send (blocking)."""
+    start = time.monotonic()
+    req = plan.req
+    tags: list[tuple[bytes, bytes]] = []
+    if req.include_tag:
+        _, refs = ctx.visible()
+        for ref in refs:
+            if ref.name.startswith(b"refs/tags/") and ref.peeled is not None:
+                tags.append((bytes.fromhex(ref.oid.decode()), bytes.fromhex(ref.peeled.decode())))
+    wants = plan.wants + list(plan.shallow.extra_wants)
+    result = enumerate_objects(ctx.src, wants, plan.common, plan.shallow.cut, req.filter, tags)
+    ctx.timed("enumerate", start)
+    return result
+
+
+def pack_source_for(ctx: RequestContext, plan: FetchPlan, enum: Enumeration) -> PackSource:
+    bases = enum.have_objects | enum.edge_commits if plan.req.thin_pack else frozenset()
+    return ReusePackSource(ctx.odb, enum.objects, ofs_delta=plan.req.ofs_delta, thin_bases=bases)
+
+
+def iter_pack(ctx: RequestContext, plan: FetchPlan) -> Iterator[bytes | Progress]:
+    """Enumerate, then produce the pack: the iterator the stream writer pulls from."""
+    yield Progress(b"Enumerating objects: started\r")
+    enum = enumerate_for(ctx, plan)
+    n = len(enum.objects)
+    yield Progress(b"Enumerating objects: %d, done.\n" % n)
+    yield Progress(b"Counting objects: 100%% (%d/%d), done.\n" % (n, n))
+    source = pack_source_for(ctx, plan, enum)
+    ctx.pack_stats = source.stats  # type: ignore[attr-defined]
+    start = time.monotonic()
+    yield from source.chunks()
+    ctx.timed("pack", start)
