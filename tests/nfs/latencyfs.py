@@ -92,7 +92,9 @@ AGGREGATES: tuple[str, ...] = (
     "_total", "_delayed", "_delay_us", "_errors", "_read_bytes", "_write_bytes",
 )
 
-_OPEN_FLAGS_TO_DROP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW
+# O_NOFOLLOW would refuse the /proc/self/fd magic link; O_DIRECT would make the
+# kernel's unaligned FUSE reads fail on the real fd.
+_OPEN_FLAGS_TO_DROP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW | os.O_DIRECT
 _RENAME_FLAGS_SUPPORTED = 1 | 2  # RENAME_NOREPLACE | RENAME_EXCHANGE
 
 
@@ -142,7 +144,9 @@ def ping(sock_path: str | os.PathLike[str], timeout: float = 1.0) -> bool:
 
 def op_total(stats: dict[str, int], kinds: frozenset[str] | None = None) -> int:
     """Sum the counters of request *kinds* (default: all request kinds, no aggregates)."""
-    return sum(v for k, v in stats.items() if not k.startswith("_") and (kinds is None or k in kinds))
+    return sum(
+        v for k, v in stats.items() if not k.startswith("_") and (kinds is None or k in kinds)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -230,11 +234,15 @@ class _DirHandle:
         self.names: list[bytes] | None = None
 
 
-def _op(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+def _op(
+    kind: str, threaded: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
     """Wrap a synchronous handler: count it, delay it, map OSError to FUSEError.
 
     The real work runs after the delay without another await, so handlers
-    never interleave and need no locks.
+    never interleave and need no locks.  *threaded* handlers (slow syscalls
+    that touch no shared state, like fsync) run in a worker thread so they do
+    not stall the other requests.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
@@ -243,6 +251,8 @@ def _op(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any
             self.counters.hit(kind)
             await self._delay(kind)
             try:
+                if threaded:
+                    return await trio.to_thread.run_sync(fn, self, *args)
                 return fn(self, *args)
             except pyfuse3.FUSEError:
                 self.counters.add("_errors", 1)
@@ -526,7 +536,7 @@ class LatencyFS(_Base):  # type: ignore[misc]
     def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
                ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         parent = self._get(parent_inode)
-        flags = (flags | os.O_CREAT) & ~(os.O_NOCTTY | os.O_NOFOLLOW)
+        flags = (flags | os.O_CREAT) & ~(os.O_NOCTTY | os.O_NOFOLLOW | os.O_DIRECT)
         fd = os.open(name, flags, stat.S_IMODE(mode), dir_fd=parent.fd)
         try:
             self._chown_to_caller(parent, name, ctx)
@@ -558,7 +568,7 @@ class LatencyFS(_Base):  # type: ignore[misc]
     def release(self, fh: int) -> None:
         os.close(fh)
 
-    @_op("fsync")
+    @_op("fsync", threaded=True)
     def fsync(self, fh: int, datasync: bool) -> None:
         if datasync:
             os.fdatasync(fh)
@@ -620,7 +630,7 @@ class LatencyFS(_Base):  # type: ignore[misc]
         if handle is not None:
             os.close(handle.fd)
 
-    @_op("fsyncdir")
+    @_op("fsyncdir", threaded=True)
     def fsyncdir(self, fh: int, datasync: bool) -> None:
         os.fsync(fh)
 
@@ -674,7 +684,8 @@ async def precise_sleep(seconds: float) -> None:
         return
     try:
         nanos = max(1, int(seconds * 1e9))
-        spec = _Itimerspec(_Timespec(0, 0), _Timespec(nanos // 1_000_000_000, nanos % 1_000_000_000))
+        secs, nsecs = divmod(nanos, 1_000_000_000)
+        spec = _Itimerspec(_Timespec(0, 0), _Timespec(secs, nsecs))
         if _LIBC.timerfd_settime(fd, 0, ctypes.byref(spec), None) != 0:
             await trio.sleep(seconds)
             return

@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
