@@ -50,6 +50,8 @@ __all__ = [
     "force_unmount",
     "fuse_available",
     "is_mounted",
+    "read_stats",
+    "reset_stats",
 ]
 
 
