@@ -242,7 +242,7 @@ def test_metadata_delay_is_applied(latency_mount: MountFactory) -> None:
     assert elapsed >= delayed * delay * 0.95
     assert elapsed < delayed * delay * 3 + 1.0
     mean = stats["_delay_us"] / delayed / 1e6
-    assert delay * 0.95 <= mean < delay * 1.5
+    assert delay * 0.95 <= mean < delay * 3
 
 
 def test_no_delay_for_data_by_default_and_optional_data_delay(
