@@ -127,7 +127,10 @@ class RequestContext:
             agent=self.agent,
             head_target=head.target if head is not None and head.oid is not None else None,
             allow_tip_sha1=cfg.allow_tip_sha1 or cfg.allow_any_sha1,
-            allow_reachable_sha1=cfg.allow_reachable_sha1 or cfg.allow_any_sha1,
+            # Every want is checked for reachability from visible refs whatever the
+            # protocol version, so v0 clients may ask for any reachable object: that is
+            # what partial-clone lazy fetches (blobs by id) need.
+            allow_reachable_sha1=True,
             allow_filter=cfg.allow_filter,
         )
 

@@ -1,0 +1,166 @@
+"""Helpers shared by the test suites: running git, building fixture repos, a live server."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GIT_TIMEOUT = 120
+
+
+def git_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A hermetic environment for git: no system/global config, fixed identity and dates."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        HOME=str(home),
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=str(home / ".gitconfig"),
+        GIT_AUTHOR_NAME="Test Author",
+        GIT_AUTHOR_EMAIL="author@example.com",
+        GIT_COMMITTER_NAME="Test Committer",
+        GIT_COMMITTER_EMAIL="committer@example.com",
+        GIT_TERMINAL_PROMPT="0",
+        LC_ALL="C",
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class Git:
+    """Runs git with a hermetic environment and a timeout."""
+
+    home: Path
+
+    def run(
+        self,
+        *args: str,
+        cwd: Path | str | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
+        timeout: float = GIT_TIMEOUT,
+    ) -> subprocess.CompletedProcess[bytes]:
+        proc = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            env=git_env(self.home, env),
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"git {' '.join(args)} failed ({proc.returncode}):\n"
+                f"{proc.stderr.decode(errors='replace')}"
+            )
+        return proc
+
+    def out(self, *args: str, cwd: Path | str | None = None, **kw: object) -> str:
+        return self.run(*args, cwd=cwd, **kw).stdout.decode()  # type: ignore[arg-type]
+
+
+class Committer:
+    """Makes commits with increasing fixed dates, so object ids are reproducible."""
+
+    def __init__(self, git: Git, workdir: Path, start: int = 1_600_000_000) -> None:
+        self.git = git
+        self.workdir = workdir
+        self.when = start
+
+    def commit(self, files: Mapping[str, str | bytes], message: str, step: int = 3600) -> str:
+        for name, content in files.items():
+            path = self.workdir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+        self.when += step
+        date = f"{self.when} +0000"
+        env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+        self.git.run("add", "-A", cwd=self.workdir)
+        self.git.run("commit", "-q", "--allow-empty", "-m", message, cwd=self.workdir, env=env)
+        return self.git.out("rev-parse", "HEAD", cwd=self.workdir).strip()
+
+    def tag(self, name: str, message: str | None = None) -> None:
+        date = f"{self.when} +0000"
+        env = {"GIT_COMMITTER_DATE": date}
+        if message is None:
+            self.git.run("tag", name, cwd=self.workdir)
+        else:
+            self.git.run("tag", "-a", name, "-m", message, cwd=self.workdir, env=env)
+
+
+@dataclass
+class LiveServer:
+    """A gitspout process serving ``root`` on 127.0.0.1."""
+
+    root: Path
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 timeout: float = 20.0) -> LiveServer:
+    """Start ``gitspout serve`` on a free port and wait until it says where it listens."""
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--root", str(root),
+           "--host", "127.0.0.1", "--port", "0", *extra_args]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode(errors="replace")
+        if not line:
+            break
+        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            server = LiveServer(root, proc, int(m.group(1)))
+            _drain_in_background(proc)
+            return server
+    proc.kill()
+    raise RuntimeError("gitspout did not start")
+
+
+def _drain_in_background(proc: subprocess.Popen[bytes]) -> None:
+    import threading
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.write("[gitspout] " + line.decode(errors="replace"))
+
+    threading.Thread(target=drain, daemon=True).start()
+
+
+def copy_repo(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst

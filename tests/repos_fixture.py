@@ -1,0 +1,148 @@
+"""Fixture repositories, built with the git CLI at fixed dates so ids are reproducible.
+
+Layout of the served root::
+
+    basic.git       linear main + a feature branch with a merge, tags, nested trees, a 4 KiB blob
+    hidden.git      basic + refs/hidden/secret (hidden by uploadpack.hideRefs) and
+                    refs/other/* hidden by transfer.hideRefs except refs/other/visible
+    empty.git       git init --bare
+    multipack.git   history in three packs plus loose objects
+    sha256.git      an object-format=sha256 repository
+    manyrefs.git    100,000 packed refs
+    team/app/.git   a non-bare repository, served as /team/app and /team/app.git
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from gitutil import Committer, Git
+
+SECRET_TEXT = "only reachable from a hidden ref\n"
+
+
+def _history(git: Git, work: Path, commits: int = 30) -> Committer:
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(commits):
+        files: dict[str, str | bytes] = {
+            "README.md": f"# fixture\n\nrevision {i}\n",
+            f"src/mod{i % 5}.py": "".join(f"line {j} of rev {i}\n" for j in range(40 + i)),
+            f"docs/deep/er/page{i % 3}.txt": f"page text {i}\n" * 10,
+        }
+        if i == 3:
+            files["big.bin"] = bytes((k * 7 + i) % 251 for k in range(4096))
+        c.commit(files, f"commit {i}")
+        if i == 10:
+            c.tag("v1.0", "release 1.0")
+        if i == 12:
+            c.tag("light")
+        if i == 15:
+            git.run("checkout", "-q", "-b", "feature", cwd=work)
+            for k in range(4):
+                c.commit({f"feature/f{k}.txt": f"feature {k}\n"}, f"feature {k}")
+            git.run("checkout", "-q", "main", cwd=work)
+            c.when += 60
+            d = f"{c.when} +0000"
+            git.run("merge", "-q", "--no-ff", "-m", "merge feature", "feature", cwd=work,
+                    env={"GIT_AUTHOR_DATE": d, "GIT_COMMITTER_DATE": d})
+    c.tag("v2.0", "release 2.0")
+    return c
+
+
+def _bare_from(git: Git, work: Path, dest: Path) -> Path:
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(dest))
+    git.run("repack", "-adq", cwd=dest)
+    return dest
+
+
+def _hidden(git: Git, work: Path, root: Path) -> None:
+    dest = _bare_from(git, work, root / "hidden.git")
+    c = Committer(git, work, start=1_700_000_000)
+    git.run("checkout", "-q", "-b", "secret", cwd=work)
+    c.commit({"secret.txt": SECRET_TEXT}, "secret commit")
+    git.run("push", "-q", str(dest), "secret:refs/hidden/secret", cwd=work)
+    git.run("push", "-q", str(dest), "main:refs/other/thing", cwd=work)
+    git.run("push", "-q", str(dest), "main:refs/other/visible", cwd=work)
+    git.run("checkout", "-q", "main", cwd=work)
+    git.run("branch", "-q", "-D", "secret", cwd=work)
+    git.run("config", "--add", "uploadpack.hideRefs", "refs/hidden", cwd=dest)
+    git.run("config", "--add", "transfer.hideRefs", "refs/other", cwd=dest)
+    git.run("config", "--add", "transfer.hideRefs", "!refs/other/visible", cwd=dest)
+
+
+def _multipack(git: Git, build: Path, root: Path) -> None:
+    work = build / "mp-work"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work, start=1_650_000_000)
+    dest = root / "multipack.git"
+    git.run("init", "-q", "--bare", "-b", "main", str(dest))
+    git.run("config", "gc.auto", "0", cwd=dest)
+    for batch in range(4):
+        for i in range(6):
+            c.commit({f"b{batch}/file{i}.txt": f"batch {batch} item {i}\n" * 20,
+                      "shared.txt": f"shared {batch}.{i}\n" * 30}, f"b{batch} c{i}")
+        # Batches 0-2 arrive as packs; the last one is exploded into loose objects.
+        limit = "1" if batch < 3 else "100000"
+        git.run("-c", f"receive.unpackLimit={limit}", "push", "-q", str(dest), "main",
+                cwd=work)
+    git.run("tag", "-a", "mp-tag", "-m", "tag in a multi-pack repo", cwd=work,
+            env={"GIT_COMMITTER_DATE": f"{c.when} +0000"})
+    git.run("push", "-q", str(dest), "mp-tag", cwd=work)
+
+
+def _sha256(git: Git, build: Path, root: Path) -> None:
+    work = build / "sha256-work"
+    git.run("init", "-q", "-b", "main", "--object-format=sha256", str(work))
+    c = Committer(git, work, start=1_660_000_000)
+    for i in range(8):
+        c.commit({"a.txt": f"sha256 revision {i}\n" * 5, f"d/f{i % 2}": f"{i}\n"}, f"s{i}")
+    c.tag("s-tag", "sha256 tag")
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "sha256.git"))
+
+
+def _manyrefs(git: Git, root: Path, basic: Path, count: int = 100_000) -> None:
+    dest = root / "manyrefs.git"
+    shutil.copytree(basic, dest)
+    commits = git.out("rev-list", "main", cwd=dest).split()
+    lines = ["# pack-refs with: peeled fully-peeled sorted \n"]
+    names = sorted(f"refs/heads/many/b{i:06d}" for i in range(count))
+    for i, name in enumerate(names):
+        lines.append(f"{commits[i % len(commits)]} {name}\n")
+    existing = (dest / "packed-refs").read_text().splitlines(keepends=True)[1:]
+    (dest / "packed-refs").write_text(lines[0] + "".join(_keep_peel_order(existing, lines[1:])))
+
+
+def _keep_peel_order(existing: list[str], extra: list[str]) -> list[str]:
+    """Merge two packed-refs bodies by ref name, keeping each ^peeled line after its ref."""
+    entries: list[tuple[str, list[str]]] = []
+    for line in existing + extra:
+        if line.startswith("^"):
+            entries[-1][1].append(line)
+        else:
+            entries.append((line.split(" ", 1)[1].strip(), [line]))
+    entries.sort(key=lambda e: e[0])
+    return [line for _, group in entries for line in group]
+
+
+def _nonbare(git: Git, work: Path, root: Path) -> None:
+    dest = root / "team" / "app"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    git.run("clone", "-q", "--no-local", str(work), str(dest))
+
+
+def build_fixture_root(git: Git, root: Path, build: Path) -> None:
+    work = build / "work"
+    _history(git, work)
+    basic = _bare_from(git, work, root / "basic.git")
+    git.run("pack-refs", "--all", cwd=basic)
+    _hidden(git, work, root)
+    git.run("init", "-q", "--bare", "-b", "main", str(root / "empty.git"))
+    _multipack(git, build, root)
+    _sha256(git, build, root)
+    _manyrefs(git, root, basic)
+    _nonbare(git, work, root)
+    # gitspout allows filters by default; C git (the file:// ground truth) needs this.
+    for name in ("basic.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
+        git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)
