@@ -32,7 +32,7 @@ def check_one(srv: BenchServer, repo: str, protocol: int, scratch: Path,
     res = clone_mirror(srv.repo_url(repo), dest, protocol=protocol)
     cpu = srv.cpu_ns()
     mem = srv.memory_max_bytes()
-    fsck(dest)
+    warnings = fsck(dest).count("warning")
     got = list_refs(dest)
     if got != expected_refs:
         missing = sorted(set(expected_refs) - set(got))[:5]
@@ -43,7 +43,7 @@ def check_one(srv: BenchServer, repo: str, protocol: int, scratch: Path,
     shutil.rmtree(dest)
     return {"server": srv.name, "proto": protocol, "wall_s": res.wall_s, "cpu_ns": cpu,
             "mem_max_mb": mem / 2**20, "objects": objs["in-pack"] + objs["count"],
-            "refs": len(got)}
+            "refs": len(got), "fsck_warnings": warnings}
 
 
 def run(root: Path, repo: str, kind_a: str, kind_b: str) -> list[dict[str, object]]:
@@ -65,10 +65,11 @@ def run(root: Path, repo: str, kind_a: str, kind_b: str) -> list[dict[str, objec
 
 
 def _fmt(row: dict[str, object]) -> str:
+    cpu_ms = int(row["cpu_ns"]) / 1e6  # type: ignore[call-overload]
     return ("{server} v{proto}: clone {wall_s:.2f}s wall, server cpu {cpu_ms:.0f} ms "
             "({cpu_ns} ns), cgroup mem max {mem_max_mb:.1f} MiB, {objects} objects, "
-            "{refs} refs, fsck clean").format(cpu_ms=int(row["cpu_ns"]) / 1e6,  # type: ignore
-                                              **row)
+            "{refs} refs, fsck clean ({fsck_warnings} history warnings)"
+            ).format(cpu_ms=cpu_ms, **row)
 
 
 def main(argv: list[str] | None = None) -> int:
