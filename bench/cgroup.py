@@ -100,7 +100,7 @@ class Cgroup:
     # -- lifecycle -------------------------------------------------------
     def create(self) -> Cgroup:
         """Create the group directories; a stale empty group is reused."""
-        for ctrl, d in self.dirs.items():
+        for d in self.dirs.values():
             if d.exists():
                 left = _read_pids(d)
                 if left:

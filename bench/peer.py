@@ -36,8 +36,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cgroup import Cgroup
-from bench.process import (LOOPBACK, ServerError, ServerProcess, ensure_port_free, free_port,
-                           wait_for_http, wait_for_port)
+from bench.process import (
+    LOOPBACK,
+    ServerError,
+    ServerProcess,
+    ensure_port_free,
+    free_port,
+    wait_for_http,
+    wait_for_port,
+)
 
 GIT_HTTP_BACKEND = "/usr/lib/git-core/git-http-backend"
 ADVERT_CTYPE = "application/x-git-upload-pack-advertisement"

@@ -15,6 +15,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -24,8 +25,29 @@ from bench.client import clone_mirror, count_objects, fsck, list_refs
 from bench.peer import BenchServer, make_server
 
 
+@dataclass
+class CloneCheck:
+    """One verified clone and what the server's cgroup recorded for it."""
+
+    server: str
+    proto: int
+    wall_s: float
+    cpu_ns: int
+    mem_max_bytes: int
+    objects: int
+    refs: int
+    fsck_warnings: int
+
+    def line(self) -> str:
+        """Human-readable summary."""
+        return (f"{self.server} v{self.proto}: clone {self.wall_s:.2f}s wall, server cpu "
+                f"{self.cpu_ns / 1e6:.0f} ms ({self.cpu_ns} ns), cgroup mem max "
+                f"{self.mem_max_bytes / 2**20:.1f} MiB, {self.objects} objects, "
+                f"{self.refs} refs, fsck clean ({self.fsck_warnings} history warnings)")
+
+
 def check_one(srv: BenchServer, repo: str, protocol: int, scratch: Path,
-              expected_refs: dict[str, str]) -> dict[str, object]:
+              expected_refs: dict[str, str]) -> CloneCheck:
     """Clone *repo* from *srv* over *protocol*, verify it, return measurements."""
     dest = scratch / f"{srv.name}-v{protocol}.git"
     srv.reset_counters()
@@ -41,15 +63,14 @@ def check_one(srv: BenchServer, repo: str, protocol: int, scratch: Path,
                              f"extra {extra}")
     objs = count_objects(dest)
     shutil.rmtree(dest)
-    return {"server": srv.name, "proto": protocol, "wall_s": res.wall_s, "cpu_ns": cpu,
-            "mem_max_mb": mem / 2**20, "objects": objs["in-pack"] + objs["count"],
-            "refs": len(got), "fsck_warnings": warnings}
+    return CloneCheck(srv.name, protocol, res.wall_s, cpu, mem,
+                      objs["in-pack"] + objs["count"], len(got), warnings)
 
 
-def run(root: Path, repo: str, kind_a: str, kind_b: str) -> list[dict[str, object]]:
+def run(root: Path, repo: str, kind_a: str, kind_b: str) -> list[CloneCheck]:
     """Start A and B side by side and check both protocols against each."""
     expected = list_refs(root / repo)
-    rows: list[dict[str, object]] = []
+    rows: list[CloneCheck] = []
     with tempfile.TemporaryDirectory(prefix="gitspout-bench-selftest-") as tmp:
         with make_server(kind_a, root, name="A") as a, make_server(kind_b, root, name="B") as b:
             for srv in (a, b):
@@ -60,16 +81,8 @@ def run(root: Path, repo: str, kind_a: str, kind_b: str) -> list[dict[str, objec
                 for srv in (a, b):
                     row = check_one(srv, repo, protocol, Path(tmp), expected)
                     rows.append(row)
-                    print(_fmt(row), flush=True)
+                    print(row.line(), flush=True)
     return rows
-
-
-def _fmt(row: dict[str, object]) -> str:
-    cpu_ms = int(row["cpu_ns"]) / 1e6  # type: ignore[call-overload]
-    return ("{server} v{proto}: clone {wall_s:.2f}s wall, server cpu {cpu_ms:.0f} ms "
-            "({cpu_ns} ns), cgroup mem max {mem_max_mb:.1f} MiB, {objects} objects, "
-            "{refs} refs, fsck clean ({fsck_warnings} history warnings)"
-            ).format(cpu_ms=cpu_ms, **row)
 
 
 def main(argv: list[str] | None = None) -> int:

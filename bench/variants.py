@@ -71,6 +71,7 @@ class RepoInfo:
     loose_refs: int
     packed_refs: int
     seconds: float = 0.0
+    note: str = ""
 
     def summary(self) -> str:
         """One line for humans."""
@@ -78,7 +79,8 @@ class RepoInfo:
                 f"packs {self.packs} ({self.size_pack_kib / 1024:.1f} MiB), bitmaps "
                 f"{self.bitmaps}, commit-graph {'yes' if self.commit_graph else 'no'}, "
                 f"refs {self.loose_refs} loose + {self.packed_refs} packed"
-                + (f", built in {self.seconds:.1f}s" if self.seconds else ""))
+                + (f", built in {self.seconds:.1f}s" if self.seconds else "")
+                + (f" [{self.note}]" if self.note else ""))
 
 
 def describe_repo(repo: Path) -> RepoInfo:
@@ -108,10 +110,12 @@ def init_bare(dest: Path, config: dict[str, str]) -> None:
         git(dest, "config", key, value)
 
 
-def copy_refs(src: Path, dest: Path) -> int:
-    """Copy every ref (as loose refs, one transaction) and HEAD from *src*."""
+def copy_refs(src: Path, dest: Path, exclude: frozenset[str] = frozenset()) -> int:
+    """Copy every ref not in *exclude* (as loose refs, one transaction) and HEAD."""
     lines = git(src, "for-each-ref", "--format=%(objectname) %(refname)").decode().splitlines()
-    stdin = "".join(f"create {ref} {oid}\n" for oid, ref in (ln.split(" ", 1) for ln in lines))
+    pairs = [(oid, ref) for oid, ref in (ln.split(" ", 1) for ln in lines)
+             if ref not in exclude]
+    stdin = "".join(f"create {ref} {oid}\n" for oid, ref in pairs)
     git(dest, "update-ref", "--stdin", input=stdin.encode())
     head = subprocess.run(["git", "--git-dir", str(src), "symbolic-ref", "-q", "HEAD"],
                           capture_output=True, timeout=60, env=_git_env())
@@ -119,7 +123,59 @@ def copy_refs(src: Path, dest: Path) -> int:
         git(dest, "symbolic-ref", "HEAD", head.stdout.decode().strip())
     else:  # detached HEAD
         (dest / "HEAD").write_text(git(src, "rev-parse", "HEAD").decode())
-    return len(lines)
+    return len(pairs)
+
+
+def missing_objects(src: Path) -> set[str]:
+    """Objects reachable from refs but absent (e.g. a mirror fetched with a filter)."""
+    out = git(src, "rev-list", "--objects", "--all", "--missing=print").decode()
+    return {line[1:] for line in out.splitlines() if line.startswith("?")}
+
+
+def incomplete_refs(src: Path) -> tuple[frozenset[str], int]:
+    """Refs whose history reaches a missing object, and how many objects are missing.
+
+    Commits that introduce a missing tree/blob are found with one ``git log
+    --raw`` pass (no blob content needed); badness is then propagated to
+    descendants in topological order and mapped to the refs (tags peeled).
+    """
+    missing = missing_objects(src)
+    if not missing:
+        return frozenset(), 0
+    bad = _commits_introducing(src, missing) | (missing & _all_commits(src))
+    out = git(src, "rev-list", "--all", "--topo-order", "--reverse", "--parents").decode()
+    for line in out.splitlines():
+        oid, *parents = line.split()
+        if any(p in bad or p in missing for p in parents):
+            bad.add(oid)
+    refs = git(src, "for-each-ref", "--format=%(refname) %(objectname) %(*objectname)")
+    excluded = {ref for ref, oid, *peeled in (ln.split(" ") for ln in refs.decode().splitlines())
+                if oid in bad or oid in missing or (peeled and peeled[0] in bad)}
+    return frozenset(excluded), len(missing)
+
+
+def _all_commits(src: Path) -> set[str]:
+    return set(git(src, "rev-list", "--all", "--missing=allow-any").decode().split())
+
+
+def _commits_introducing(src: Path, objects: set[str]) -> set[str]:
+    """Commits whose (first-parent) diff adds or changes to one of *objects*."""
+    cmd = ["git", "--git-dir", str(src), "log", "--all", "--raw", "-t", "--no-renames",
+           "--no-abbrev", "--root", "--diff-merges=first-parent", "--format=commit %H"]
+    found: set[str] = set()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=_git_env()) as proc:
+        assert proc.stdout is not None
+        current = ""
+        for raw in proc.stdout:
+            if raw.startswith(b"commit "):
+                current = raw[7:].strip().decode()
+            elif raw.startswith(b":"):
+                new_oid = raw.split(b"\t", 1)[0].split()[3].decode()
+                if new_oid in objects:
+                    found.add(current)
+    if proc.returncode != 0:
+        raise VariantError(f"{' '.join(cmd)} failed with status {proc.returncode}")
+    return found
 
 
 def _copy_objects(src: Path, dest: Path) -> None:
@@ -136,7 +192,7 @@ def _copy_objects(src: Path, dest: Path) -> None:
 def _build(dest: Path, builder: object) -> RepoInfo:
     """Run ``builder(tmp)`` in a temp dir next to *dest*, then rename into place."""
     if dest.exists():
-        return describe_repo(dest)
+        return _with_note(describe_repo(dest))
     t0 = time.monotonic()
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -145,8 +201,16 @@ def _build(dest: Path, builder: object) -> RepoInfo:
         tmp.rename(dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    info = describe_repo(dest)
+    info = _with_note(describe_repo(dest))
     info.seconds = time.monotonic() - t0
+    return info
+
+
+def _with_note(info: RepoInfo) -> RepoInfo:
+    """Mention refs that were left out when the repository was built."""
+    marker = info.path / "bench-excluded-refs"
+    if marker.exists():
+        info.note = f"{len(marker.read_text().split())} refs left out (see {marker.name})"
     return info
 
 
@@ -155,8 +219,14 @@ def make_gc_variant(src: Path, dest: Path, *, recompute_deltas: bool = False) ->
     def builder(tmp: Path) -> None:
         init_bare(tmp, {"gc.auto": "0", "repack.writeBitmaps": "true",
                         "pack.writeBitmapHashCache": "true"})
+        excluded, n_missing = incomplete_refs(src)
+        if excluded:
+            note = (f"source lacks {n_missing} objects; left out {len(excluded)} refs "
+                    "whose history needs them")
+            print(f"{dest.name}: {note}", flush=True)
+            (tmp / "bench-excluded-refs").write_text("".join(f"{r}\n" for r in sorted(excluded)))
         _copy_objects(src, tmp)
-        copy_refs(src, tmp)
+        copy_refs(src, tmp, excluded)
         args = ["repack", "-a", "-d", "-b", "-q"] + (["-f"] if recompute_deltas else [])
         git(tmp, *args)
         git(tmp, "prune", "--expire=now")
@@ -207,6 +277,8 @@ def make_unmaintained_variant(src: Path, dest: Path, *,
             packs.append(name.decode().strip())
             prev = tips
         _unpack_rest(src, tmp, prev)  # may freshen pack mtimes: age them afterwards
+        if (src / "bench-excluded-refs").exists():
+            shutil.copyfile(src / "bench-excluded-refs", tmp / "bench-excluded-refs")
         for age, pack_hash in enumerate(reversed(packs), start=1):
             _age_pack(tmp, pack_hash, time.time() - age * 30 * 86400)
         copy_refs(src, tmp)
