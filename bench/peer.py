@@ -41,6 +41,7 @@ from bench.process import (
     ServerError,
     ServerProcess,
     ensure_port_free,
+    exit_on_sigterm,
     free_port,
     wait_for_http,
     wait_for_port,
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve", type=float, default=600.0, metavar="SECONDS",
                     help="how long to serve before stopping (Ctrl-C stops earlier)")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     with make_server(args.server, args.root, args.port or None) as srv:
         print(f"{srv.name} serving {srv.root} at {srv.url} (pids {srv.pids()}, "
               f"ready in {srv.startup_s:.2f}s)", flush=True)

@@ -29,6 +29,16 @@ class ServerError(RuntimeError):
     """A server failed to start, died, or did not become ready in time."""
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM/SIGHUP into ``SystemExit`` so ``with`` blocks still clean up
+    (kill servers, remove cgroups) when a benchmark is terminated."""
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """Return a TCP port that is currently free on *host* (loopback only)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 
 from bench.client import clone_mirror, count_objects, fsck, list_refs
 from bench.peer import BenchServer, make_server
+from bench.process import exit_on_sigterm
 
 
 @dataclass
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--a", default="c-git", choices=["c-git", "gitspout"])
     ap.add_argument("--b", default="c-git", choices=["c-git", "gitspout"])
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     run(args.root.resolve(), args.repo, args.a, args.b)
     print("selftest OK")
     return 0
