@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dulwich._objects import parse_tree
 
+from .commitgraph import CommitGraph
 from .odb import MissingObject, ObjectSnapshot, ObjectStoreError
 from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 
@@ -84,14 +85,20 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
 class CommitSource:
     """Reads commits (and trees, tags) for one request, caching parsed commits."""
 
-    def __init__(self, odb: ObjectSnapshot) -> None:
+    def __init__(self, odb: ObjectSnapshot, graph: CommitGraph | None = None) -> None:
         self.odb = odb
+        self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits: dict[bytes, CommitInfo] = {}
         self.reads = 0
 
     def commit(self, oid: bytes) -> CommitInfo:
         info = self._commits.get(oid)
+        if info is None and self.graph is not None:
+            entry = self.graph.entry(oid)
+            if entry is not None:
+                info = CommitInfo(entry[0], entry[1], entry[2])
+                self._commits[oid] = info
         if info is None:
             type_num, data = self.odb.read(oid)
             self.reads += 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dulwich._pack import apply_delta
 
+from .commitgraph import CommitGraph, load_commit_graph
 from .fsops import FsOps
 from .lru import ByteLRU
 from .packs import (
@@ -108,6 +109,7 @@ class ObjectSnapshot:
         self.allowed_root = allowed_root
         self.rescans = 0
         self._loose: set[bytes] | None = None
+        self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
         self._scan_packs()
         self.alternates = self._load_alternates(_depth)
@@ -139,6 +141,15 @@ class ObjectSnapshot:
         # Largest packs first: most lookups hit the main pack.
         packs.sort(key=lambda p: p.count, reverse=True)
         self.packs = packs
+
+    def commit_graph(self) -> CommitGraph | None:
+        """The commit-graph of this object directory (one stat per request), or None."""
+        if self._graph is False:
+            st = self.fs.stat_or_none(os.path.join(self.objects_dir, "info", "commit-graph"))
+            self._graph = load_commit_graph(
+                self.objects_dir, self.hash_len, st.st_ino if st else None,
+                st.st_size if st else 0)
+        return self._graph  # type: ignore[return-value]
 
     def rescan(self) -> None:
         """List ``objects/pack`` again and forget the loose listing (counted)."""
@@ -298,9 +309,9 @@ class ObjectSnapshot:
         if isinstance(loc, str):
             type_num, data = self._read_loose(loc, oid)
             return type_num, len(data)
-        return self._packed_size(loc.pack, loc.offset)
+        return self.packed_size(loc.pack, loc.offset)
 
-    def _packed_size(self, pack: PackFile, offset: int) -> tuple[int, int]:
+    def packed_size(self, pack: PackFile, offset: int) -> tuple[int, int]:
         hdr = pack.read_header(offset)
         if hdr.type_num not in (OFS_DELTA, REF_DELTA):
             return hdr.type_num, hdr.size

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import threading
 import zlib
 from array import array
@@ -130,6 +131,7 @@ class PackFile:
             raise
         self._sorted_offsets: array | None = None
         self._pack_order: array | None = None
+        self._rank_of: array | None = None
         self.extra: dict[str, object] = {}  # lazily computed per-pack data (bitmaps, ...)
 
     # -- index ----------------------------------------------------------------
@@ -204,17 +206,58 @@ class PackFile:
 
     # -- reverse index ---------------------------------------------------------
 
+    def _all_offsets(self) -> array:
+        """Every entry's offset in index order, read as one array (C speed)."""
+        n = self.count
+        offs = array("I")
+        offs.frombytes(self._idx[self._ofs_at : self._ofs_at + 4 * n])
+        if sys.byteorder == "little":
+            offs.byteswap()
+        wide = array("Q", offs)
+        for i, off in enumerate(offs):
+            if off & 0x80000000:
+                wide[i] = self.offset_at(i)
+        return wide
+
+    def _read_rev_file(self) -> array | None:
+        """pack-*.rev (git 2.31+): index positions in pack order, if present and sane."""
+        try:
+            with open(self.base + ".rev", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        n = self.count
+        if data[:4] != b"RIDX" or len(data) < 12 + 4 * n:
+            return None
+        order = array("I")
+        order.frombytes(data[12 : 12 + 4 * n])
+        if sys.byteorder == "little":
+            order.byteswap()
+        return order
+
     def _load_reverse(self) -> None:
         with self._lock:
             if self._sorted_offsets is not None:
                 return
-            n = self.count
-            offsets = [self.offset_at(i) for i in range(n)]
-            order = sorted(range(n), key=offsets.__getitem__)
-            self._pack_order = array("I", order)
-            sorted_offsets = array("Q", (offsets[i] for i in order))
+            offsets = self._all_offsets()
+            order = self._read_rev_file()
+            if order is None:
+                order = array("I", sorted(range(self.count), key=offsets.__getitem__))
+            sorted_offsets = array("Q", map(offsets.__getitem__, order))
             sorted_offsets.append(self.pack_size - self.hash_len)
+            inverse = array("I", bytes(4 * self.count))
+            for rank, pos in enumerate(order):
+                inverse[pos] = rank
+            self._pack_order = order
+            self._rank_of = inverse
             self._sorted_offsets = sorted_offsets
+
+    def rank_of_index_pos(self, pos: int) -> int:
+        """Pack-order rank of the object at index position ``pos``."""
+        if self._rank_of is None:
+            self._load_reverse()
+        assert self._rank_of is not None
+        return self._rank_of[pos]
 
     @property
     def sorted_offsets(self) -> array:

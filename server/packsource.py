@@ -22,7 +22,7 @@ import struct
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +35,9 @@ __all__ = [
     "PackStats",
     "WholePackSource",
     "ReusePackSource",
+    "PackPlan",
+    "Selection",
+    "select_objects",
 ]
 
 CHUNK = 1 << 20  # pack bytes handed to the writer per step
@@ -124,12 +127,65 @@ class _Out:
 
 
 @dataclass
-class _PackPlan:
-    """Selected entries of one source pack, in pack order."""
+class PackPlan:
+    """Entries sent from one source pack: ranks (pack order) ascending, and a flag array."""
 
     pack: PackFile
-    order: list[int]  # pack-order positions, ascending
-    selected: bytearray  # per pack-order position: 1 when sent from this pack
+    order: list[int]
+    selected: bytearray
+    new_at: array | None = None  # output offset per rank, filled while copying
+
+    @classmethod
+    def from_ranks(cls, pack: PackFile, ranks: list[int]) -> PackPlan:
+        selected = bytearray(pack.count)
+        for r in ranks:
+            selected[r] = 1
+        return cls(pack, ranks, selected)
+
+    def written_at(self, oid: bytes) -> int | None:
+        """Output offset of ``oid`` if this plan already wrote it."""
+        pos = self.pack.find(oid)
+        if pos < 0 or self.new_at is None:
+            return None
+        rank = self.pack.rank_of_index_pos(pos)
+        return self.new_at[rank] if self.selected[rank] else None
+
+
+@dataclass
+class Selection:
+    """The objects of an outgoing pack: per source pack plans, then objects written whole."""
+
+    plans: list[PackPlan]
+    loose: list[bytes]
+
+    @property
+    def count(self) -> int:
+        return sum(len(p.order) for p in self.plans) + len(self.loose)
+
+
+def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
+                   base: dict[int, list[int]] | None = None,
+                   packs: dict[int, PackFile] | None = None) -> Selection:
+    """Group objects by the pack that holds them (ranks in pack order)."""
+    ranks: dict[int, list[int]] = base if base is not None else {}
+    by_id: dict[int, PackFile] = packs if packs is not None else {}
+    loose: list[bytes] = []
+    for oid in oids:
+        loc = odb.locate(oid, needed=True)
+        if not isinstance(loc, PackedLocation):
+            loose.append(oid)
+            continue
+        by_id[id(loc.pack)] = loc.pack
+        ranks.setdefault(id(loc.pack), []).append(loc.pack.rank_of_index_pos(loc.pos))
+    plans = []
+    for key, pack in by_id.items():
+        order = sorted(set(ranks.get(key, [])))
+        plans.append(PackPlan.from_ranks(pack, order))
+    return Selection(plans, loose)
+
+
+ThinCheck = Callable[[PackFile, int, bytes], bool]
+"""(pack, rank, oid) of a delta base -> True when the client has it (thin packs)."""
 
 
 class ReusePackSource:
@@ -138,50 +194,29 @@ class ReusePackSource:
     def __init__(
         self,
         odb: ObjectSnapshot,
-        objects: Sequence[tuple[bytes, int]],
+        selection: Selection,
         *,
         ofs_delta: bool,
-        thin_bases: set[bytes] | frozenset[bytes] = frozenset(),
+        thin: ThinCheck | None = None,
         compression: int = zlib.Z_DEFAULT_COMPRESSION,
     ) -> None:
         self.odb = odb
-        self.objects = objects
+        self.selection = selection
         self.ofs_delta = ofs_delta
-        self.thin_bases = thin_bases
+        self.thin = thin
         self.compression = compression
-        self.stats = PackStats(objects=len(objects), kind="reuse")
-        self._sending = {oid for oid, _ in objects}
-
-    def _plan(self) -> tuple[list[_PackPlan], list[bytes]]:
-        by_pack: dict[int, _PackPlan] = {}
-        loose: list[bytes] = []
-        for oid, _ in self.objects:
-            loc = self.odb.locate(oid, needed=True)
-            if not isinstance(loc, PackedLocation):
-                loose.append(oid)
-                continue
-            plan = by_pack.get(id(loc.pack))
-            if plan is None:
-                plan = _PackPlan(loc.pack, [], bytearray(loc.pack.count))
-                by_pack[id(loc.pack)] = plan
-            rank = bisect_left(loc.pack.sorted_offsets, loc.offset)
-            if not plan.selected[rank]:
-                plan.selected[rank] = 1
-                plan.order.append(rank)
-        plans = list(by_pack.values())
-        for plan in plans:
-            plan.order.sort()
-        return plans, loose
+        self.stats = PackStats(objects=selection.count, kind="reuse")
+        self._written: dict[bytes, int] = {}  # objects written whole, by id
+        self._done: list[PackPlan] = []
 
     def chunks(self) -> Iterator[bytes | Progress]:
-        plans, loose = self._plan()
         out = _Out(self.odb.hash_len)
-        out.write(b"PACK" + struct.pack(">II", 2, len(self.objects)))
-        written: dict[bytes, int] = {}
-        for plan in plans:
-            yield from self._copy_pack(plan, out, written)
-        for oid in loose:
-            self._write_whole(oid, out, written)
+        out.write(b"PACK" + struct.pack(">II", 2, self.selection.count))
+        for plan in self.selection.plans:
+            yield from self._copy_pack(plan, out)
+            self._done.append(plan)
+        for oid in self.selection.loose:
+            self._write_whole(oid, out)
             chunk = out.take()
             if chunk:
                 yield chunk
@@ -193,10 +228,10 @@ class ReusePackSource:
         yield trailer
         yield Progress(self.stats.total_line())
 
-    def _copy_pack(self, plan: _PackPlan, out: _Out, written: dict[bytes, int]) -> Iterator[bytes]:
+    def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[bytes]:
         pack = plan.pack
         offs = pack.sorted_offsets
-        new_at = array("Q", bytes(8 * pack.count))  # output offset per pack-order rank
+        plan.new_at = array("Q", bytes(8 * pack.count))
         window = b""
         win_start = 0
         for rank in plan.order:
@@ -205,51 +240,64 @@ class ReusePackSource:
                 win_start = start
                 window = pack.read_raw(start, max(end, min(start + READ_WINDOW, offs[-1])))
             raw = memoryview(window)[start - win_start : end - win_start]
-            new_at[rank] = out.offset
-            self._copy_entry(plan, rank, raw, start, out, new_at, written)
+            plan.new_at[rank] = out.offset
+            self._copy_entry(plan, rank, raw, start, out)
             chunk = out.take()
             if chunk:
                 yield chunk
 
-    def _copy_entry(
-        self, plan: _PackPlan, rank: int, raw: memoryview, start: int, out: _Out,
-        new_at: array, written: dict[bytes, int],
-    ) -> None:
+    def _copy_entry(self, plan: PackPlan, rank: int, raw: memoryview, start: int, out: _Out) -> None:
         pack = plan.pack
         hdr = parse_entry_header(bytes(raw[:64]), start, pack.hash_len)
-        body = raw[hdr.data_offset - start :]
-        oid = pack.oid_at(pack.pack_order[rank])
-        written[oid] = out.offset
         if hdr.type_num == OFS_DELTA:
+            assert hdr.base_offset is not None
             base_rank = bisect_left(pack.sorted_offsets, hdr.base_offset)
             base_oid = pack.oid_at(pack.pack_order[base_rank])
             if plan.selected[base_rank]:  # an OFS base precedes its delta: already written
-                self._emit_delta(out, hdr.size, new_at[base_rank], base_oid, body)
+                assert plan.new_at is not None
+                body = raw[hdr.data_offset - start :]
+                self._emit_delta(out, hdr.size, plan.new_at[base_rank], base_oid, body)
                 return
         elif hdr.type_num == REF_DELTA:
             assert hdr.base_oid is not None
             base_oid = hdr.base_oid
+            base_rank = -1
         else:
             out.write(raw)
             self.stats.reused += 1
             return
-        if base_oid in written:
-            self._emit_delta(out, hdr.size, written[base_oid], base_oid, body)
-        elif base_oid in self.thin_bases or self._later_in_same_pack(plan, base_oid):
-            # A base the client has (thin pack), or one this pack sends further on
-            # (index-pack --fix-thin appends bases): REF_DELTA, never a cycle.
+        body = raw[hdr.data_offset - start :]
+        base_at = self._written_before(base_oid)
+        if base_at is not None:
+            self._emit_delta(out, hdr.size, base_at, base_oid, body)
+        elif self._later_in_plan(plan, base_oid, rank) or (
+            self.thin is not None and self.thin(pack, base_rank, base_oid)
+        ):
+            # A base this pack sends further on (index-pack --fix-thin appends bases), or
+            # one the client has (thin pack): REF_DELTA, which can never form a cycle.
             out.write(encode_entry_header(REF_DELTA, hdr.size, base_oid))
             out.write(body)
             self._count_delta()
         else:
-            del written[oid]
-            self._write_whole(oid, out, written)
+            self._write_whole(pack.oid_at(pack.pack_order[rank]), out)
 
-    def _later_in_same_pack(self, plan: _PackPlan, base_oid: bytes) -> bool:
-        if base_oid not in self._sending:
+    def _written_before(self, oid: bytes) -> int | None:
+        at = self._written.get(oid)
+        if at is not None:
+            return at
+        for plan in self._done:
+            at = plan.written_at(oid)
+            if at is not None:
+                return at
+        return None
+
+    @staticmethod
+    def _later_in_plan(plan: PackPlan, oid: bytes, rank: int) -> bool:
+        pos = plan.pack.find(oid)
+        if pos < 0:
             return False
-        loc = self.odb.locate(base_oid, needed=False)
-        return isinstance(loc, PackedLocation) and loc.pack is plan.pack
+        base_rank = plan.pack.rank_of_index_pos(pos)
+        return base_rank > rank and bool(plan.selected[base_rank])
 
     def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes,
                     body: memoryview) -> None:
@@ -265,9 +313,9 @@ class ReusePackSource:
         self.stats.reused_deltas += 1
         self.stats.deltas += 1
 
-    def _write_whole(self, oid: bytes, out: _Out, written: dict[bytes, int]) -> None:
+    def _write_whole(self, oid: bytes, out: _Out) -> None:
         type_num, data = self.odb.read(oid)
-        written[oid] = out.offset
+        self._written[oid] = out.offset
         out.write(encode_entry_header(type_num, len(data)))
         out.write(zlib.compress(data, self.compression))
         self.stats.generated += 1

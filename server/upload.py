@@ -26,8 +26,8 @@ from .commits import CommitSource
 from .fsops import FsOps
 from .negotiation import HaveTracker
 from .odb import ObjectSnapshot, ObjectStoreError, PackRegistry
-from .packsource import PackSource, Progress, ReusePackSource
-from .reachability import Enumeration, check_wants, enumerate_objects
+from .packsource import PackStats, Progress
+from .reachability import check_wants
 from .refs import RefSnapshot, read_ref_snapshot
 from .repos import Repo, RepoConfig
 from .shallow import ShallowPlan, plan_shallow
@@ -59,6 +59,7 @@ class RequestContext:
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
     _src: CommitSource | None = None
+    pack_stats: PackStats | None = None
 
     # -- lazily read state ---------------------------------------------------
 
@@ -89,7 +90,7 @@ class RequestContext:
     @property
     def src(self) -> CommitSource:
         if self._src is None:
-            self._src = CommitSource(self.odb)
+            self._src = CommitSource(self.odb, self.odb.commit_graph())
         return self._src
 
     @property
@@ -295,36 +296,15 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
         raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
 
 
-def enumerate_for(ctx: RequestContext, plan: FetchPlan) -> Enumeration:
-    """Walk the objects to send (blocking)."""
-    start = time.monotonic()
-    req = plan.req
-    tags: list[tuple[bytes, bytes]] = []
-    if req.include_tag:
-        _, refs = ctx.visible()
-        for ref in refs:
-            if ref.name.startswith(b"refs/tags/") and ref.peeled is not None:
-                tags.append((bytes.fromhex(ref.oid.decode()), bytes.fromhex(ref.peeled.decode())))
-    wants = plan.wants + list(plan.shallow.extra_wants)
-    result = enumerate_objects(ctx.src, wants, plan.common, plan.shallow.cut, req.filter, tags)
-    ctx.timed("enumerate", start)
-    return result
-
-
-def pack_source_for(ctx: RequestContext, plan: FetchPlan, enum: Enumeration) -> PackSource:
-    bases = enum.have_objects | enum.edge_commits if plan.req.thin_pack else frozenset()
-    return ReusePackSource(ctx.odb, enum.objects, ofs_delta=plan.req.ofs_delta, thin_bases=bases)
-
-
 def iter_pack(ctx: RequestContext, plan: FetchPlan) -> Iterator[bytes | Progress]:
     """Enumerate, then produce the pack: the iterator the stream writer pulls from."""
-    yield Progress(b"Enumerating objects: started\r")
-    enum = enumerate_for(ctx, plan)
-    n = len(enum.objects)
+    from .packplan import build_pack_source  # packplan builds on this module
+
+    source = build_pack_source(ctx, plan)
+    n = source.stats.objects
     yield Progress(b"Enumerating objects: %d, done.\n" % n)
     yield Progress(b"Counting objects: 100%% (%d/%d), done.\n" % (n, n))
-    source = pack_source_for(ctx, plan, enum)
-    ctx.pack_stats = source.stats  # type: ignore[attr-defined]
+    ctx.pack_stats = source.stats
     start = time.monotonic()
     yield from source.chunks()
     ctx.timed("pack", start)

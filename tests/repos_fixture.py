@@ -2,7 +2,9 @@
 
 Layout of the served root::
 
-    basic.git       linear main + a feature branch with a merge, tags, nested trees, a 4 KiB blob
+    basic.git       linear main + a feature branch with a merge, tags, nested trees, a 4 KiB blob;
+                    one pack with a bitmap and a commit-graph
+    plain.git       the same history without bitmap or commit-graph (the walk path)
     hidden.git      basic + refs/hidden/secret (hidden by uploadpack.hideRefs) and
                     refs/other/* hidden by transfer.hideRefs except refs/other/visible
     empty.git       git init --bare
@@ -51,9 +53,14 @@ def _history(git: Git, work: Path, commits: int = 30) -> Committer:
     return c
 
 
-def _bare_from(git: Git, work: Path, dest: Path) -> Path:
+def _bare_from(git: Git, work: Path, dest: Path, bitmaps: bool = True) -> Path:
+    """A gc'ed bare copy: one pack, with a reachability bitmap and a commit-graph."""
     git.run("clone", "-q", "--bare", "--no-local", str(work), str(dest))
-    git.run("repack", "-adq", cwd=dest)
+    if bitmaps:
+        git.run("repack", "-adqb", cwd=dest)
+        git.run("commit-graph", "write", "--reachable", cwd=dest)
+    else:
+        git.run("-c", "repack.writeBitmaps=false", "repack", "-adq", cwd=dest)
     return dest
 
 
@@ -85,8 +92,8 @@ def _multipack(git: Git, build: Path, root: Path) -> None:
                       "shared.txt": f"shared {batch}.{i}\n" * 30}, f"b{batch} c{i}")
         # Batches 0-2 arrive as packs; the last one is exploded into loose objects.
         limit = "1" if batch < 3 else "100000"
-        git.run("-c", f"receive.unpackLimit={limit}", "push", "-q", str(dest), "main",
-                cwd=work)
+        git.run("config", "receive.unpackLimit", limit, cwd=dest)
+        git.run("push", "-q", str(dest), "main", cwd=work)
     git.run("tag", "-a", "mp-tag", "-m", "tag in a multi-pack repo", cwd=work,
             env={"GIT_COMMITTER_DATE": f"{c.when} +0000"})
     git.run("push", "-q", str(dest), "mp-tag", cwd=work)
@@ -137,6 +144,8 @@ def build_fixture_root(git: Git, root: Path, build: Path) -> None:
     _history(git, work)
     basic = _bare_from(git, work, root / "basic.git")
     git.run("pack-refs", "--all", cwd=basic)
+    plain = _bare_from(git, work, root / "plain.git", bitmaps=False)
+    git.run("pack-refs", "--all", cwd=plain)
     _hidden(git, work, root)
     git.run("init", "-q", "--bare", "-b", "main", str(root / "empty.git"))
     _multipack(git, build, root)
@@ -144,5 +153,5 @@ def build_fixture_root(git: Git, root: Path, build: Path) -> None:
     _manyrefs(git, root, basic)
     _nonbare(git, work, root)
     # gitspout allows filters by default; C git (the file:// ground truth) needs this.
-    for name in ("basic.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
+    for name in ("basic.git", "plain.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
         git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from compare import VERSIONS, assert_same, clone_both, file_url, fsck, http_url, repo_state
 
-CLONE_REPOS = ["basic.git", "multipack.git", "sha256.git", "team/app", "manyrefs.git"]
+CLONE_REPOS = ["basic.git", "plain.git", "multipack.git", "sha256.git", "team/app", "manyrefs.git"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -17,9 +17,10 @@ def test_clone(git, server, tmp_path, repo, version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("repo", ["basic.git", "plain.git", "hidden.git", "multipack.git"])
 @pytest.mark.parametrize("mode", ["--mirror", "--bare"])
-def test_clone_mirror_bare(git, server, tmp_path, version, mode):
-    ours, theirs = clone_both(git, server, "basic.git", tmp_path, version, mode)
+def test_clone_mirror_bare(git, server, tmp_path, version, mode, repo):
+    ours, theirs = clone_both(git, server, repo, tmp_path, version, mode)
     assert_same(git, ours, theirs)
 
 
@@ -73,9 +74,11 @@ def test_shallow_exclude(git, server, tmp_path, version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("spec", ["blob:none", "blob:limit=1k", "tree:0"])
-def test_filtered_clone(git, server, tmp_path, version, spec):
-    ours, theirs = clone_both(git, server, "basic.git", tmp_path, version,
+@pytest.mark.parametrize("repo", ["basic.git", "plain.git"])
+@pytest.mark.parametrize("spec", ["blob:none", "blob:limit=1k", "tree:0", "tree:1",
+                                  "object:type=commit", "combine:blob:none+tree:2"])
+def test_filtered_clone(git, server, tmp_path, version, spec, repo):
+    ours, theirs = clone_both(git, server, repo, tmp_path, version,
                               f"--filter={spec}", "--no-checkout")
     a, b = repo_state(git, ours), repo_state(git, theirs)
     assert a == b

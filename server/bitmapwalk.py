@@ -1,0 +1,230 @@
+"""Object sets from reachability bitmaps: ``wants − haves`` without walking history.
+
+A commit with a bitmap contributes its whole closure in one OR. Commits without one (new
+commits, old tags) are walked until they reach bitmapped history, and only the trees those
+commits add are read. Objects outside the bitmapped pack (loose, other packs) are kept in
+an "extra" set, like git's extended bitmap index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
+
+from .bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
+from .commits import CommitSource
+from .odb import ObjectSnapshot
+from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
+
+__all__ = ["BitmapIndex", "Reach", "open_bitmap_index", "bitmap_filter_supported"]
+
+
+class Reach:
+    """Objects reachable from some roots: pack bits plus ``extra`` (oid -> type) outside it.
+
+    Bulk ORs work on a Python int; single-bit tests and sets work on a bytearray view, so
+    neither costs a copy of the whole bitmap per object.
+    """
+
+    def __init__(self, nbits: int) -> None:
+        self.nbytes = (nbits + 7) // 8 or 1
+        self._int = 0
+        self._buf: bytearray | None = None
+        self._int_stale = False
+        self.extra: dict[bytes, int] = {}
+
+    @property
+    def bits(self) -> int:
+        if self._int_stale:
+            assert self._buf is not None
+            self._int = int.from_bytes(self._buf, "little")
+            self._int_stale = False
+        return self._int
+
+    @bits.setter
+    def bits(self, value: int) -> None:
+        self._int = value
+        self._buf = None
+        self._int_stale = False
+
+    def _view(self) -> bytearray:
+        if self._buf is None:
+            self._buf = bytearray(self._int.to_bytes(self.nbytes, "little"))
+        return self._buf
+
+    def test(self, rank: int) -> bool:
+        return bool(self._view()[rank >> 3] >> (rank & 7) & 1)
+
+    def set(self, rank: int) -> None:
+        self._view()[rank >> 3] |= 1 << (rank & 7)
+        self._int_stale = True
+
+    def count(self) -> int:
+        return self.bits.bit_count() + len(self.extra)
+
+
+class BitmapIndex:
+    """One request's use of the bitmapped pack."""
+
+    def __init__(self, src: CommitSource, pack: PackFile, bitmaps: PackBitmaps) -> None:
+        self.src = src
+        self.pack = pack
+        self.bm = bitmaps
+
+    def rank(self, oid: bytes) -> int | None:
+        pos = self.pack.find(oid)
+        return None if pos < 0 else self.pack.rank_of_index_pos(pos)
+
+    def type_of_rank(self, rank: int) -> int:
+        bit = 1 << rank
+        bm = self.bm
+        if bm.commits & bit:
+            return OBJ_COMMIT
+        if bm.trees & bit:
+            return OBJ_TREE
+        if bm.blobs & bit:
+            return OBJ_BLOB
+        return OBJ_TAG
+
+    def oid_of_rank(self, rank: int) -> bytes:
+        return self.pack.oid_at(self.pack.pack_order[rank])
+
+    # -- closure ---------------------------------------------------------------
+
+    def new_reach(self) -> Reach:
+        return Reach(self.pack.count)
+
+    def _has(self, reach: Reach, oid: bytes) -> tuple[bool, int | None]:
+        rank = self.rank(oid)
+        if rank is not None:
+            return reach.test(rank), rank
+        return oid in reach.extra, None
+
+    def _add(self, reach: Reach, oid: bytes, rank: int | None, type_num: int) -> None:
+        if rank is not None:
+            reach.set(rank)
+        else:
+            reach.extra[oid] = type_num
+
+    def reach(self, roots: Iterable[bytes], base: Reach | None = None) -> Reach:
+        """Everything reachable from ``roots`` (binary ids of any type)."""
+        reach = base if base is not None else self.new_reach()
+        commits: list[bytes] = []
+        trees: list[bytes] = []
+        for root in roots:
+            target, type_num, tags = self.src.peel(root)
+            for tag in tags:
+                seen, rank = self._has(reach, tag)
+                if not seen:
+                    self._add(reach, tag, rank, OBJ_TAG)
+            if type_num == OBJ_COMMIT:
+                commits.append(target)
+            elif type_num == OBJ_TREE:
+                trees.append(target)
+            else:
+                seen, rank = self._has(reach, target)
+                if not seen:
+                    self._add(reach, target, rank, type_num)
+        trees.extend(self._walk_commits(reach, commits))
+        self._walk_trees(reach, trees)
+        return reach
+
+    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[bytes]:
+        """OR in bitmaps where they exist; walk the rest. Returns trees still to walk."""
+        stack = list(start)
+        trees: list[bytes] = []
+        bm = self.bm
+        while stack:
+            oid = stack.pop()
+            seen, rank = self._has(reach, oid)
+            if seen:
+                continue
+            if rank is not None:
+                closure = bm.bitmap_for(rank)
+                if closure is not None:
+                    reach.bits = reach.bits | closure
+                    continue
+            self._add(reach, oid, rank, OBJ_COMMIT)
+            info = self.src.commit(oid)
+            trees.append(info.tree)
+            stack.extend(info.parents)
+        return trees
+
+    def _walk_trees(self, reach: Reach, roots: list[bytes]) -> None:
+        stack = list(roots)
+        while stack:
+            tree = stack.pop()
+            seen, rank = self._has(reach, tree)
+            if seen:
+                continue
+            self._add(reach, tree, rank, OBJ_TREE)
+            for _, is_tree, oid in self.src.tree(tree):
+                if is_tree:
+                    stack.append(oid)
+                    continue
+                seen, rank = self._has(reach, oid)
+                if not seen:
+                    self._add(reach, oid, rank, OBJ_BLOB)
+
+    # -- filters -------------------------------------------------------------------
+
+    def apply_filter(self, reach: Reach, spec: FilterSpec | None, keep: Iterable[bytes]) -> None:
+        """Drop what ``spec`` filters out (wanted objects in ``keep`` always stay)."""
+        if spec is None:
+            return
+        bm = self.bm
+        if isinstance(spec, BlobNone):
+            reach.bits &= ~bm.blobs
+            drop = {OBJ_BLOB}
+        elif isinstance(spec, TreeDepth):  # only depth 0 gets here
+            reach.bits &= ~(bm.blobs | bm.trees)
+            drop = {OBJ_BLOB, OBJ_TREE}
+        elif isinstance(spec, ObjectType):
+            wanted = {"commit": OBJ_COMMIT, "tree": OBJ_TREE, "blob": OBJ_BLOB, "tag": OBJ_TAG}
+            t = wanted[spec.type_name]
+            reach.bits &= {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs,
+                           OBJ_TAG: bm.tags}[t]
+            drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {t}
+        elif isinstance(spec, BlobLimit):
+            self._drop_large_blobs(reach, spec.limit)
+            drop = set()
+        else:
+            raise ValueError(f"filter {spec!r} is not done with bitmaps")
+        for oid in [o for o, t in reach.extra.items() if t in drop]:
+            del reach.extra[oid]
+        for oid in keep:
+            target, type_num, tags = self.src.peel(oid)
+            for obj, t in [(tag, OBJ_TAG) for tag in tags] + [(target, type_num)]:
+                seen, rank = self._has(reach, obj)
+                if not seen:
+                    self._add(reach, obj, rank, t)
+
+    def _drop_large_blobs(self, reach: Reach, limit: int) -> None:
+        odb: ObjectSnapshot = self.src.odb
+        big = bytearray(reach.nbytes)
+        for rank in iter_set_bits(reach.bits & self.bm.blobs, self.pack.count):
+            size = odb.packed_size(self.pack, self.pack.sorted_offsets[rank])[1]
+            if size >= limit:
+                big[rank >> 3] |= 1 << (rank & 7)
+        reach.bits = reach.bits & ~int.from_bytes(big, "little")
+        for oid in [o for o, t in reach.extra.items() if t == OBJ_BLOB]:
+            found = odb.object_size(oid)
+            if found is None or found[1] >= limit:
+                del reach.extra[oid]
+
+
+def bitmap_filter_supported(spec: FilterSpec | None) -> bool:
+    """Filters git's pack-bitmap.c also answers from bitmaps."""
+    if spec is None or isinstance(spec, (BlobNone, BlobLimit, ObjectType)):
+        return True
+    return isinstance(spec, TreeDepth) and spec.depth == 0
+
+
+def open_bitmap_index(src: CommitSource) -> BitmapIndex | None:
+    """The bitmap index of the first pack that has a usable ``.bitmap``."""
+    for pack in src.odb.packs:
+        bitmaps = load_bitmaps(pack)
+        if bitmaps is not None:
+            return BitmapIndex(src, pack, bitmaps)
+    return None

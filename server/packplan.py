@@ -1,0 +1,126 @@
+"""Choose how to produce a fetch's pack (DESIGN.md invariant 5): fastest source first.
+
+With a bitmapped pack and no shallow boundary, the object set comes from bitmaps; if it
+is exactly the pack's contents the pack goes out verbatim. Otherwise entries are copied
+from the packs they live in, and only what cannot be reused is generated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
+from .bitmaps import iter_set_bits
+from .packs import OBJ_TAG, PackFile
+from .packsource import (
+    PackSource,
+    ReusePackSource,
+    ThinCheck,
+    WholePackSource,
+    select_objects,
+)
+from .reachability import enumerate_objects
+from .upload import FetchPlan, RequestContext
+
+__all__ = ["build_pack_source"]
+
+
+def _tag_refs(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    """(tag object, peeled target) of visible refs/tags/* for include-tag."""
+    _, refs = ctx.visible()
+    return [
+        (bytes.fromhex(r.oid.decode()), bytes.fromhex(r.peeled.decode()))
+        for r in refs
+        if r.name.startswith(b"refs/tags/") and r.peeled is not None
+    ]
+
+
+def _wants(plan: FetchPlan) -> list[bytes]:
+    return list(dict.fromkeys(plan.wants + list(plan.shallow.extra_wants)))
+
+
+def build_pack_source(ctx: RequestContext, plan: FetchPlan) -> PackSource:
+    """Enumerate the objects to send and pick the pack source (blocking)."""
+    start = time.monotonic()
+    req = plan.req
+    source: PackSource | None = None
+    shallow = plan.shallow.sent or bool(plan.shallow.cut)
+    if not shallow and bitmap_filter_supported(req.filter):
+        bi = open_bitmap_index(ctx.src)
+        if bi is not None:
+            source = _from_bitmaps(ctx, plan, bi)
+    if source is None:
+        source = _from_walk(ctx, plan)
+    ctx.timed("enumerate", start)
+    return source
+
+
+def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
+    req = plan.req
+    tags = _tag_refs(ctx) if req.include_tag else []
+    enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut, req.filter, tags)
+    selection = select_objects(ctx.odb, (oid for oid, _ in enum.objects))
+    thin: ThinCheck | None = None
+    if req.thin_pack and enum.have_objects:
+        have = enum.have_objects
+        thin = lambda _pack, _rank, oid: oid in have  # noqa: E731
+    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin)
+    source.stats.kind = "walk"
+    return source
+
+
+def _include_tags(bi: BitmapIndex, reach: Reach, tags: Sequence[tuple[bytes, bytes]],
+                  haves: Reach | None) -> None:
+    for tag, target in tags:
+        has_target, _ = bi._has(reach, target)
+        if not has_target:
+            continue
+        has_tag, rank = bi._has(reach, tag)
+        if has_tag or (haves is not None and bi._has(haves, tag)[0]):
+            continue
+        bi._add(reach, tag, rank, OBJ_TAG)
+
+
+def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
+    req = plan.req
+    wants = _wants(plan)
+    reach = bi.reach(wants)
+    haves: Reach | None = None
+    if plan.common:
+        haves = bi.reach(plan.common)
+        reach.bits = reach.bits & ~haves.bits
+        for oid in haves.extra:
+            reach.extra.pop(oid, None)
+    bi.apply_filter(reach, req.filter, wants)
+    if req.include_tag:
+        _include_tags(bi, reach, _tag_refs(ctx), haves)
+    pack = bi.pack
+    if not reach.extra and req.ofs_delta and reach.bits == (1 << pack.count) - 1:
+        return WholePackSource(pack)
+    ranks = iter_set_bits(reach.bits, pack.count)
+    selection = select_objects(ctx.odb, list(reach.extra), base={id(pack): ranks},
+                               packs={id(pack): pack})
+    thin: ThinCheck | None = None
+    if req.thin_pack and haves is not None:
+        thin = _thin_from_reach(bi, haves)
+    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin)
+    source.stats.kind = "bitmap"
+    return source
+
+
+def _thin_from_reach(bi: BitmapIndex, haves: Reach) -> ThinCheck:
+    def has(pack: PackFile, rank: int, oid: bytes) -> bool:
+        if pack is bi.pack:
+            if rank < 0:
+                found = bi.rank(oid)
+                if found is None:
+                    return False
+                rank = found
+            return haves.test(rank)
+        if oid in haves.extra:
+            return True
+        found = bi.rank(oid)
+        return found is not None and haves.test(found)
+
+    return has
