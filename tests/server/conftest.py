@@ -20,10 +20,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from gitutil import Git, LiveServer, copy_repo, start_server  # noqa: E402
-from rawhttp import assert_serving  # noqa: E402
+from rawhttp import SMALL_MAX_BODY, SMALL_MAX_INFLATED, assert_serving  # noqa: E402
 
-SMALL_MAX_BODY = 8192
-SMALL_MAX_INFLATED = 65536
 BIG_BLOB_BYTES = 16 << 20
 
 

@@ -23,6 +23,10 @@ INFO_REFS = "/info/refs?service=git-upload-pack"
 SERVICE_PREAMBLE = b"001e# service=git-upload-pack\n0000"
 
 FLUSH = b"0000"
+
+# Caps of the ``small_server`` fixture (conftest.py).
+SMALL_MAX_BODY = 8192
+SMALL_MAX_INFLATED = 65536
 DELIM = b"0001"
 
 
@@ -135,6 +139,22 @@ def read_until_close(sock: socket.socket, timeout: float = TIMEOUT,
         parts.append(data)
         size += len(data)
     return b"".join(parts), False
+
+
+def read_head(sock: socket.socket, timeout: float = TIMEOUT) -> bytes:
+    """Bytes up to the end of the response head (or whatever came before the deadline)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\r\n\r\n" not in data and time.monotonic() < deadline and len(data) < 1 << 20:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            more = sock.recv(1 << 16)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not more:
+            break
+        data += more
+    return data
 
 
 def exchange(port: int, request: bytes, timeout: float = TIMEOUT) -> Response:
