@@ -8,14 +8,19 @@ an "extra" set, like git's extended bitmap index.
 
 from __future__ import annotations
 
+import hashlib
+from binascii import a2b_hex
 from collections.abc import Iterable
 
 from protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
 
 from .bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from .commits import CommitSource
+from .lru import ByteLRU
 from .odb import ObjectSnapshot
 from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
+
+_GITLINK = 0o160000
 
 __all__ = ["BitmapIndex", "Reach", "open_bitmap_index", "bitmap_filter_supported"]
 
@@ -63,6 +68,13 @@ class Reach:
     def count(self) -> int:
         return self.bits.bit_count() + len(self.extra)
 
+    def copy(self) -> Reach:
+        other = Reach(0)
+        other.nbytes = self.nbytes
+        other.bits = self.bits
+        other.extra = dict(self.extra)
+        return other
+
 
 class BitmapIndex:
     """One request's use of the bitmapped pack."""
@@ -107,11 +119,21 @@ class BitmapIndex:
         else:
             reach.extra[oid] = type_num
 
+    def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach]) -> Reach:
+        """:meth:`reach`, remembered across requests by (pack, roots): a clone storm on one
+        ref state computes its object set once. Packs never change, so the key is exact."""
+        key = (self.pack.key, hashlib.sha1(b"".join(sorted(set(roots)))).digest())
+        hit = cache.get(key)
+        if hit is None:
+            hit = self.reach(roots)
+            cache.put(key, hit, hit.nbytes + 64 * len(hit.extra))
+        return hit.copy()
+
     def reach(self, roots: Iterable[bytes], base: Reach | None = None) -> Reach:
         """Everything reachable from ``roots`` (binary ids of any type)."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
-        trees: list[bytes] = []
+        trees: list[tuple[bytes, bytes | None]] = []
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
@@ -121,7 +143,7 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append(target)
+                trees.append((target, None))
             else:
                 seen, rank = self._has(reach, target)
                 if not seen:
@@ -130,10 +152,14 @@ class BitmapIndex:
         self._walk_trees(reach, trees)
         return reach
 
-    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[bytes]:
-        """OR in bitmaps where they exist; walk the rest. Returns trees still to walk."""
+    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+        """OR in bitmaps where they exist; walk the rest.
+
+        Returns (tree, first parent's tree) pairs still to walk: the parent is part of the
+        same closure, so entries the two trees share need no lookup at all.
+        """
         stack = list(start)
-        trees: list[bytes] = []
+        trees: list[tuple[bytes, bytes | None]] = []
         bm = self.bm
         while stack:
             oid = stack.pop()
@@ -147,21 +173,29 @@ class BitmapIndex:
                     continue
             self._add(reach, oid, rank, OBJ_COMMIT)
             info = self.src.commit(oid)
-            trees.append(info.tree)
+            base = self.src.commit(info.parents[0]).tree if info.parents else None
+            trees.append((info.tree, base))
             stack.extend(info.parents)
         return trees
 
-    def _walk_trees(self, reach: Reach, roots: list[bytes]) -> None:
+    def _walk_trees(self, reach: Reach, roots: list[tuple[bytes, bytes | None]]) -> None:
         stack = list(roots)
         while stack:
-            tree = stack.pop()
+            tree, base = stack.pop()
+            if tree == base:
+                continue
             seen, rank = self._has(reach, tree)
             if seen:
                 continue
             self._add(reach, tree, rank, OBJ_TREE)
-            for _, is_tree, oid in self.src.tree(tree):
-                if is_tree:
-                    stack.append(oid)
+            known = {name: hx for name, _, hx in self.src.tree_hex(base)} if base else {}
+            for name, mode, hx in self.src.tree_hex(tree):
+                old = known.get(name)
+                if old == hx or mode == _GITLINK:
+                    continue  # the base tree has it, and the base is in the closure
+                oid = a2b_hex(hx)
+                if mode & 0o170000 == 0o040000:
+                    stack.append((oid, a2b_hex(old) if old else None))
                     continue
                 seen, rank = self._has(reach, oid)
                 if not seen:

@@ -90,6 +90,7 @@ class CommitSource:
         self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits: dict[bytes, CommitInfo] = {}
+        self._trees: dict[bytes, list[tuple[bytes, int, bytes]]] = {}
         self.reads = 0
 
     def commit(self, oid: bytes) -> CommitInfo:
@@ -125,6 +126,27 @@ class CommitSource:
             _, data = self.odb.read(oid)
             oid, type_num = parse_tag_target(data, self.hex_len)
         return oid, type_num, tags
+
+    def tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
+        """Raw entries (name, mode, hex id) as dulwich's parser gives them (cached per
+        request: a walk that diffs each tree against its parent's meets most trees twice)."""
+        hit = self._trees.get(oid)
+        if hit is not None:
+            return hit
+        entries = self._parse_tree_hex(oid)
+        if len(self._trees) >= 65536:
+            self._trees.clear()
+        self._trees[oid] = entries
+        return entries
+
+    def _parse_tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
+        type_num, data = self.odb.read(oid)
+        if type_num != OBJ_TREE:
+            raise ObjectStoreError(f"{oid.hex()} is not a tree")
+        try:
+            return parse_tree(data, self.odb.hash_len)  # type: ignore[no-any-return]
+        except Exception as exc:  # dulwich raises ObjectFormatException and friends
+            raise ObjectStoreError(f"malformed tree: {exc}") from None
 
     def tree(self, oid: bytes) -> list[tuple[bytes, bool, bytes]]:
         type_num, data = self.odb.read(oid)

@@ -64,6 +64,7 @@ class PackRegistry:
         self._lock = threading.Lock()
         self.objects = ByteLRU[tuple[int, bytes]](cache_budget)
         self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
+        self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20)  # object sets of wants
         self.opened = 0
 
     def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:

@@ -85,7 +85,7 @@ def _include_tags(bi: BitmapIndex, reach: Reach, tags: Sequence[tuple[bytes, byt
 def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
     req = plan.req
     wants = _wants(plan)
-    reach = bi.reach(wants)
+    reach = bi.reach_cached(wants, ctx.registry.reach_cache)  # type: ignore[arg-type]
     haves: Reach | None = None
     if plan.common:
         haves = bi.reach(plan.common)
