@@ -1,6 +1,6 @@
 """Minimal cgroup v1 helper to measure the CPU and memory of a process tree.
 
-A :class:`Cgroup` creates one group named ``gitspout-bench-<name>`` in the
+A :class:`Cgroup` creates one group named ``gitspout-bench-<name>@<pid>`` in the
 ``cpuacct`` and ``memory`` hierarchies.  Each group is nested under the
 cgroup the *current* process lives in for that controller (read from
 ``/proc/self/cgroup``), so the benchmark never escapes the memory/CPU
@@ -32,7 +32,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "gitspout-bench-"
 CONTROLLERS = ("cpuacct", "memory")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")  # '@' is reserved for the owner pid
 
 
 class CgroupError(RuntimeError):
@@ -83,17 +83,21 @@ class Cgroup:
 
     Usage::
 
-        with Cgroup("A") as cg:
+        with Cgroup("A") as cg:                 # gitspout-bench-A@<pid>
             proc = subprocess.Popen(cg.wrap_argv(["nginx", ...]))
             ...
             print(cg.usage_ns(), cg.memory_max_bytes())
         # on exit: every process still in the group is killed, dirs removed
     """
 
-    def __init__(self, name: str, controllers: tuple[str, ...] = CONTROLLERS) -> None:
+    def __init__(self, name: str, controllers: tuple[str, ...] = CONTROLLERS,
+                 unique: bool = True) -> None:
+        """Group ``gitspout-bench-<name>@<our pid>`` (or without ``@pid`` if not
+        *unique*); the pid suffix keeps concurrent benchmark runs apart and lets
+        ``cleanup`` tell a crashed run's leftovers from a live run's groups."""
         if not _NAME_RE.match(name):
             raise CgroupError(f"invalid cgroup name {name!r}")
-        self.name = PREFIX + name
+        self.name = PREFIX + name + (f"@{os.getpid()}" if unique else "")
         self.dirs: dict[str, Path] = {c: controller_base(c) / self.name for c in controllers}
         self.created = False
 
@@ -253,9 +257,16 @@ def leftover_groups() -> list[Path]:
     return found
 
 
-def cleanup_leftovers() -> int:
-    """Kill processes in and remove every leftover ``gitspout-bench-*`` group."""
-    groups = leftover_groups()
+def owner_alive(d: Path) -> bool:
+    """True if the group's name ends in ``@<pid>`` of a process that still runs."""
+    _, _, pid = d.name.rpartition("@")
+    return pid.isdigit() and Path(f"/proc/{pid}").exists()
+
+
+def cleanup_leftovers(force: bool = False) -> int:
+    """Kill processes in and remove leftover ``gitspout-bench-*`` groups whose
+    creating process is gone (all of them with *force*)."""
+    groups = [d for d in leftover_groups() if force or not owner_alive(d)]
     for d in groups:
         for pid in _read_pids(d):
             try:
@@ -270,12 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ``list`` or ``cleanup`` leftover benchmark cgroups."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=["list", "cleanup"])
+    ap.add_argument("--force", action="store_true",
+                    help="also remove groups of benchmark runs that are still alive")
     args = ap.parse_args(argv)
     if args.action == "list":
         for d in leftover_groups():
-            print(d, _read_pids(d))
+            state = "owner running" if owner_alive(d) else "orphaned"
+            print(d, state, _read_pids(d))
     else:
-        print(f"removed {cleanup_leftovers()} group(s)")
+        print(f"removed {cleanup_leftovers(args.force)} group(s)")
     return 0
 
 

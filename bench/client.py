@@ -93,13 +93,15 @@ HISTORY_QUIRKS = ("hasDotgit", "hasDot", "hasDotdot", "badFilemode", "zeroPadded
 
 
 def fsck(repo: Path, timeout: float = 1800.0, tolerate: tuple[str, ...] = HISTORY_QUIRKS,
-         ) -> str:
+         connectivity_only: bool = False) -> str:
     """``git fsck --full`` (history quirks in *tolerate* only warn); raises on any
-    error, returns the (warning) output."""
+    error, returns the (warning) output.  *connectivity_only* skips re-hashing
+    blobs (index-pack already verified every object while cloning)."""
     cfg: list[str] = []
     for msg_id in tolerate:
         cfg += ["-c", f"fsck.{msg_id}=warn"]
-    res = run_git([*cfg, "--git-dir", str(repo), "fsck", "--full", "--no-progress"],
+    mode = ["--connectivity-only"] if connectivity_only else ["--full"]
+    res = run_git([*cfg, "--git-dir", str(repo), "fsck", *mode, "--no-progress"],
                   timeout=timeout)
     return (res.stdout + res.stderr).decode(errors="replace")
 
