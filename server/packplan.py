@@ -7,6 +7,7 @@ from the packs they live in, and only what cannot be reused is generated.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 
@@ -16,11 +17,12 @@ from .packs import OBJ_TAG, PackFile
 from .packsource import (
     PackSource,
     ReusePackSource,
+    Selection,
     ThinCheck,
     WholePackSource,
     select_objects,
 )
-from .reachability import enumerate_objects
+from .reachability import Enumeration, enumerate_objects
 from .upload import FetchPlan, RequestContext
 
 __all__ = ["build_pack_source"]
@@ -56,11 +58,35 @@ def build_pack_source(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     return source
 
 
+def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]]) -> tuple[object, ...]:
+    """What a walk's result depends on. Objects are immutable, so the objects reachable from
+    given wants, minus given haves, never change: the key needs no repository state."""
+    req = plan.req
+    parts = [b"w", *sorted(_wants(plan)), b"h", *sorted(plan.common), b"c", *sorted(plan.shallow.cut),
+             b"t", *sorted(t for pair in tags for t in pair)]
+    digest = hashlib.sha1(b"\0".join(parts)).digest()
+    return ("walk", digest, repr(req.filter))
+
+
 def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     req = plan.req
     tags = _tag_refs(ctx) if req.include_tag else []
-    enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut, req.filter, tags)
-    selection = select_objects(ctx.odb, (oid for oid, _ in enum.objects))
+    cache = ctx.registry.reach_cache
+    key = _walk_key(plan, tags)
+    enum = cache.get(key)
+    if not isinstance(enum, Enumeration):
+        enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut,
+                                 req.filter, tags)
+        cache.put(key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects))
+    # Where the objects live depends on the pack list, which this request froze.
+    where = key + tuple(p.key for p in ctx.odb.packs)
+    cached = cache.get(where)
+    if isinstance(cached, Selection):
+        selection = cached.fresh()
+    else:
+        selection = select_objects(ctx.odb, (oid for oid, _ in enum.objects))
+        cache.put(where, selection, 16 * selection.count)
+        selection = selection.fresh()
     thin: ThinCheck | None = None
     if req.thin_pack and enum.have_objects:
         have = enum.have_objects

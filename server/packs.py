@@ -293,6 +293,35 @@ class PackFile:
         offs = self.sorted_offsets
         return offs[bisect_right(offs, offset)]
 
+    def base_ranks(self) -> array:
+        """Per pack-order rank: the rank itself for whole objects, the base's rank for
+        OFS_DELTA, -1 for REF_DELTA. Computed once per pack (one sequential read)."""
+        cached = self.extra.get("base_ranks")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        offs = self.sorted_offsets
+        n = self.count
+        out = array("i", bytes(4 * n))
+        pos, end = 0, offs[n]
+        window, win_at = b"", 0
+        for rank in range(n):
+            start = offs[rank]
+            if start + _HEADER_READ > win_at + len(window):
+                win_at = start
+                window = os.pread(self.fd, min(8 << 20, end - start + _HEADER_READ), start)
+            hdr = parse_entry_header(window[start - win_at : start - win_at + _HEADER_READ],
+                                     start, self.hash_len)
+            if hdr.type_num == OFS_DELTA:
+                assert hdr.base_offset is not None
+                out[rank] = bisect_left(offs, hdr.base_offset, 0, rank)
+            elif hdr.type_num == REF_DELTA:
+                out[rank] = -1
+            else:
+                out[rank] = rank
+        del pos
+        self.extra["base_ranks"] = out
+        return out
+
     # -- entries ----------------------------------------------------------------
 
     def read_header(self, offset: int) -> EntryHeader:

@@ -4,10 +4,11 @@ Fastest first:
 
 * :class:`WholePackSource` sends one pack file verbatim when the object set is exactly its
   contents: header, entries and trailer as they are on disk.
-* :class:`ReusePackSource` copies each entry's compressed bytes from the packs, keeping
-  stored deltas whose base is sent too (or, for thin packs, that the client has), and
-  rewrites OFS_DELTA distances for the new layout. Only objects it cannot reuse (loose
-  objects, deltas against bases nobody will have) are inflated and compressed again.
+* :class:`ReusePackSource` copies entries from the packs they live in. Runs of consecutive
+  entries go out byte for byte; an entry is rewritten only when its bytes must change (an
+  OFS_DELTA whose base moved, a REF_DELTA). Stored deltas are kept when their base is sent
+  too or, for thin packs, when the client has it. Only objects nothing can be reused for
+  (loose objects, deltas against bases nobody will have) are inflated and compressed.
 
 Sources are plain iterators of ``bytes`` (pack data) and :class:`Progress` items, run in the
 server's thread pool and pulled by the stream writer, so backpressure and cancellation come
@@ -20,8 +21,7 @@ import hashlib
 import os
 import struct
 import zlib
-from array import array
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,10 +38,11 @@ __all__ = [
     "PackPlan",
     "Selection",
     "select_objects",
+    "ThinCheck",
 ]
 
 CHUNK = 1 << 20  # pack bytes handed to the writer per step
-READ_WINDOW = 4 << 20  # bytes read from a pack file per pread when copying runs of entries
+READ_WINDOW = 4 << 20  # bytes read from a pack file per pread when copying runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,6 @@ class PackStats:
     bytes: int = 0
     pack_reused: int = 0
     kind: str = ""
-    extra: dict[str, int] = field(default_factory=dict)
 
     def total_line(self) -> bytes:
         return (
@@ -74,7 +74,7 @@ class PackStats:
 
 
 class PackSource(Protocol):
-    """An outgoing pack: its object count, then its bytes as an iterator."""
+    """An outgoing pack: its statistics, then its bytes as an iterator."""
 
     stats: PackStats
 
@@ -106,34 +106,54 @@ class WholePackSource:
 
 
 class _Out:
-    """Accumulates pack bytes, hashes them, and hands out chunks of about CHUNK bytes."""
+    """Pack bytes on their way out: small writes are gathered, large runs pass through;
+    everything is hashed once for the trailer."""
 
     def __init__(self, hash_len: int) -> None:
         self.buf = bytearray()
+        self.ready: list[bytes] = []
         self.hash = _hash_new(hash_len)
         self.offset = 0
 
     def write(self, data: bytes | memoryview) -> None:
         self.buf += data
         self.offset += len(data)
+        if len(self.buf) >= CHUNK:
+            self._flush()
 
-    def take(self, force: bool = False) -> bytes | None:
-        if self.buf and (force or len(self.buf) >= CHUNK):
+    def write_large(self, data: bytes) -> None:
+        self._flush()
+        self.hash.update(data)
+        self.ready.append(data)
+        self.offset += len(data)
+
+    def _flush(self) -> None:
+        if self.buf:
             data = bytes(self.buf)
             self.buf.clear()
             self.hash.update(data)
-            return data
-        return None
+            self.ready.append(data)
+
+    def drain(self, force: bool = False) -> list[bytes]:
+        if force:
+            self._flush()
+        ready, self.ready = self.ready, []
+        return ready
 
 
 @dataclass
 class PackPlan:
-    """Entries sent from one source pack: ranks (pack order) ascending, and a flag array."""
+    """Entries sent from one source pack: ranks (pack order) ascending, and a flag array.
+
+    While copying, ``runs`` records (first rank, last rank + 1, output offset) of entries
+    copied byte for byte and ``single`` the output offsets of entries written one by one.
+    """
 
     pack: PackFile
     order: list[int]
     selected: bytearray
-    new_at: array | None = None  # output offset per rank, filled while copying
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    single: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_ranks(cls, pack: PackFile, ranks: list[int]) -> PackPlan:
@@ -142,13 +162,22 @@ class PackPlan:
             selected[r] = 1
         return cls(pack, ranks, selected)
 
-    def written_at(self, oid: bytes) -> int | None:
-        """Output offset of ``oid`` if this plan already wrote it."""
+    def out_offset(self, rank: int) -> int | None:
+        """Where the entry of ``rank`` went in the output, if it was written already."""
+        at = self.single.get(rank)
+        if at is not None:
+            return at
+        k = bisect_right(self.runs, (rank, 1 << 62, 0)) - 1
+        if k >= 0:
+            first, stop, out_at = self.runs[k]
+            if first <= rank < stop:
+                offs = self.pack.sorted_offsets
+                return out_at + offs[rank] - offs[first]
+        return None
+
+    def rank_of(self, oid: bytes) -> int:
         pos = self.pack.find(oid)
-        if pos < 0 or self.new_at is None:
-            return None
-        rank = self.pack.rank_of_index_pos(pos)
-        return self.new_at[rank] if self.selected[rank] else None
+        return -1 if pos < 0 else self.pack.rank_of_index_pos(pos)
 
 
 @dataclass
@@ -161,6 +190,11 @@ class Selection:
     @property
     def count(self) -> int:
         return sum(len(p.order) for p in self.plans) + len(self.loose)
+
+    def fresh(self) -> Selection:
+        """A copy safe to send from (plans record output offsets while copying)."""
+        return Selection([PackPlan(p.pack, p.order, p.selected) for p in self.plans],
+                         list(self.loose))
 
 
 def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
@@ -185,7 +219,7 @@ def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
 
 
 ThinCheck = Callable[[PackFile, int, bytes], bool]
-"""(pack, rank, oid) of a delta base -> True when the client has it (thin packs)."""
+"""(pack, rank or -1, oid) of a delta base -> True when the client has it (thin packs)."""
 
 
 class ReusePackSource:
@@ -213,64 +247,83 @@ class ReusePackSource:
         out = _Out(self.odb.hash_len)
         out.write(b"PACK" + struct.pack(">II", 2, self.selection.count))
         for plan in self.selection.plans:
-            yield from self._copy_pack(plan, out)
+            for _ in self._copy_pack(plan, out):
+                yield from out.drain()
             self._done.append(plan)
         for oid in self.selection.loose:
             self._write_whole(oid, out)
-            chunk = out.take()
-            if chunk:
-                yield chunk
-        last = out.take(force=True)
-        if last:
-            yield last
+            yield from out.drain()
+        yield from out.drain(force=True)
         trailer = out.hash.digest()
         self.stats.bytes = out.offset + len(trailer)
         yield trailer
         yield Progress(self.stats.total_line())
 
-    def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[bytes]:
+    # -- copying ---------------------------------------------------------------
+
+    def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[None]:
+        """Copy each run of consecutive selected entries; yield after each run."""
+        bases = plan.pack.base_ranks()
+        order = plan.order
+        k, n = 0, len(order)
+        while k < n:
+            first = order[k]
+            stop = first + 1
+            k += 1
+            while k < n and order[k] == stop:
+                stop += 1
+                k += 1
+            sub = first
+            for rank in range(first, stop):
+                if bases[rank] >= sub:
+                    continue  # a whole object, or a delta against an entry of this run
+                self._copy_run(plan, sub, rank, out)
+                self._copy_one(plan, rank, out)
+                sub = rank + 1
+            self._copy_run(plan, sub, stop, out)
+            yield None
+
+    def _copy_run(self, plan: PackPlan, first: int, stop: int, out: _Out) -> None:
+        if first >= stop:
+            return
+        pack = plan.pack
+        offs, bases = pack.sorted_offsets, pack.base_ranks()
+        plan.runs.append((first, stop, out.offset))
+        deltas = sum(1 for r in range(first, stop) if bases[r] != r)
+        self.stats.reused += stop - first
+        self.stats.reused_deltas += deltas
+        self.stats.deltas += deltas
+        pos, end = offs[first], offs[stop]
+        while pos < end:
+            data = pack.read_raw(pos, min(end, pos + READ_WINDOW))
+            if not data:
+                raise OSError(f"{pack.name}: pack file ended early")
+            if len(data) >= CHUNK // 4:
+                out.write_large(data)
+            else:
+                out.write(data)
+            pos += len(data)
+
+    def _copy_one(self, plan: PackPlan, rank: int, out: _Out) -> None:
+        """An entry whose bytes change: a moved OFS_DELTA base, or a REF_DELTA."""
         pack = plan.pack
         offs = pack.sorted_offsets
-        plan.new_at = array("Q", bytes(8 * pack.count))
-        window = b""
-        win_start = 0
-        for rank in plan.order:
-            start, end = offs[rank], offs[rank + 1]
-            if start < win_start or end > win_start + len(window):
-                win_start = start
-                window = pack.read_raw(start, max(end, min(start + READ_WINDOW, offs[-1])))
-            raw = memoryview(window)[start - win_start : end - win_start]
-            plan.new_at[rank] = out.offset
-            self._copy_entry(plan, rank, raw, start, out)
-            chunk = out.take()
-            if chunk:
-                yield chunk
-
-    def _copy_entry(self, plan: PackPlan, rank: int, raw: memoryview, start: int, out: _Out) -> None:
-        pack = plan.pack
+        start = offs[rank]
+        raw = memoryview(pack.read_raw(start, offs[rank + 1]))
         hdr = parse_entry_header(bytes(raw[:64]), start, pack.hash_len)
+        body = raw[hdr.data_offset - start :]
         if hdr.type_num == OFS_DELTA:
-            assert hdr.base_offset is not None
-            base_rank = bisect_left(pack.sorted_offsets, hdr.base_offset)
+            base_rank = pack.base_ranks()[rank]
             base_oid = pack.oid_at(pack.pack_order[base_rank])
-            if plan.selected[base_rank]:  # an OFS base precedes its delta: already written
-                assert plan.new_at is not None
-                body = raw[hdr.data_offset - start :]
-                self._emit_delta(out, hdr.size, plan.new_at[base_rank], base_oid, body)
-                return
-        elif hdr.type_num == REF_DELTA:
+        else:
             assert hdr.base_oid is not None
             base_oid = hdr.base_oid
-            base_rank = -1
-        else:
-            out.write(raw)
-            self.stats.reused += 1
-            return
-        body = raw[hdr.data_offset - start :]
-        base_at = self._written_before(base_oid)
+            base_rank = plan.rank_of(base_oid)
+        base_at = self._written_before(plan, base_rank, base_oid, rank)
+        plan.single[rank] = out.offset
         if base_at is not None:
             self._emit_delta(out, hdr.size, base_at, base_oid, body)
-        elif self._later_in_plan(plan, base_oid, rank) or (
+        elif (rank < base_rank and plan.selected[base_rank]) or (
             self.thin is not None and self.thin(pack, base_rank, base_oid)
         ):
             # A base this pack sends further on (index-pack --fix-thin appends bases), or
@@ -279,25 +332,20 @@ class ReusePackSource:
             out.write(body)
             self._count_delta()
         else:
+            del plan.single[rank]
             self._write_whole(pack.oid_at(pack.pack_order[rank]), out)
 
-    def _written_before(self, oid: bytes) -> int | None:
+    def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes, rank: int) -> int | None:
+        if 0 <= base_rank < rank and plan.selected[base_rank]:
+            return plan.out_offset(base_rank)
         at = self._written.get(oid)
         if at is not None:
             return at
-        for plan in self._done:
-            at = plan.written_at(oid)
-            if at is not None:
-                return at
+        for done in self._done:
+            r = done.rank_of(oid)
+            if r >= 0 and done.selected[r]:
+                return done.out_offset(r)
         return None
-
-    @staticmethod
-    def _later_in_plan(plan: PackPlan, oid: bytes, rank: int) -> bool:
-        pos = plan.pack.find(oid)
-        if pos < 0:
-            return False
-        base_rank = plan.pack.rank_of_index_pos(pos)
-        return base_rank > rank and bool(plan.selected[base_rank])
 
     def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes,
                     body: memoryview) -> None:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from binascii import a2b_hex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 __all__ = ["check_wants", "enumerate_objects", "Enumeration", "ObjectEntry"]
 
 ObjectEntry = tuple[bytes, int]
+_GITLINK = 0o160000
 
 
 def check_wants(
@@ -186,39 +188,54 @@ def _mark_have_trees(src: CommitSource, roots: Iterable[bytes]) -> set[bytes]:
     return have
 
 
-def _walk_tree(
-    src: CommitSource, root: bytes, flt: _Filter, out: list[ObjectEntry],
-    seen: dict[bytes, int], have: set[bytes],
-) -> None:
-    stack = [(root, 0)]
-    while stack:
-        tree, depth = stack.pop()
-        prev = seen.get(tree)
-        if tree in have or (prev is not None and prev <= depth):
-            continue
-        show, walk = flt.check(tree, OBJ_TREE, depth)
-        first = prev is None
-        seen[tree] = depth
-        if show and (first or not _shown(out, tree)):
-            out.append((tree, OBJ_TREE))
-        if not walk:
-            continue
-        for _, is_tree, oid in reversed(src.tree(tree)):
-            if is_tree:
-                stack.append((oid, depth + 1))
-            elif oid not in have:
-                bprev = seen.get(oid)
-                if bprev is not None and bprev <= depth + 1:
+@dataclass
+class _TreeWalk:
+    """Walks trees for one enumeration; ``seen`` maps an object to the smallest depth it
+    was met at (tree:<depth> filters care), ``shown`` holds what was listed."""
+
+    src: CommitSource
+    flt: _Filter
+    out: list[ObjectEntry]
+    have: set[bytes]
+    seen: dict[bytes, int] = field(default_factory=dict)
+    shown: set[bytes] = field(default_factory=set)
+
+    def _show(self, oid: bytes, type_num: int) -> None:
+        if oid not in self.shown:
+            self.shown.add(oid)
+            self.out.append((oid, type_num))
+
+    def _visit(self, oid: bytes, depth: int) -> bool:
+        """True when ``oid`` still needs handling at ``depth``."""
+        prev = self.seen.get(oid)
+        if oid in self.have or (prev is not None and prev <= depth):
+            return False
+        self.seen[oid] = depth
+        return True
+
+    def walk(self, root: bytes, base: bytes | None = None) -> None:
+        """Walk ``root``; entries equal to those of ``base`` (the same path in a tree that
+        is walked too, or that the client has) are skipped without a lookup."""
+        stack: list[tuple[bytes, bytes | None, int]] = [(root, base, 0)]
+        while stack:
+            tree, old_tree, depth = stack.pop()
+            if tree == old_tree or not self._visit(tree, depth):
+                continue
+            show, walk = self.flt.check(tree, OBJ_TREE, depth)
+            if show:
+                self._show(tree, OBJ_TREE)
+            if not walk:
+                continue
+            known = {n: h for n, _, h in self.src.tree_hex(old_tree)} if old_tree else {}
+            for name, mode, hx in reversed(self.src.tree_hex(tree)):
+                old = known.get(name)
+                if old == hx or mode == _GITLINK:
                     continue
-                seen[oid] = depth + 1
-                bshow, _ = flt.check(oid, OBJ_BLOB, depth + 1)
-                if bshow and (bprev is None or not _shown(out, oid)):
-                    out.append((oid, OBJ_BLOB))
-
-
-def _shown(out: list[ObjectEntry], oid: bytes) -> bool:
-    # Only reached when an object is met again at a smaller depth under tree:<n> filters.
-    return any(o == oid for o, _ in out)
+                oid = a2b_hex(hx)
+                if mode & 0o170000 == 0o040000:
+                    stack.append((oid, a2b_hex(old) if old else None, depth + 1))
+                elif self._visit(oid, depth + 1) and self.flt.check(oid, OBJ_BLOB, depth + 1)[0]:
+                    self._show(oid, OBJ_BLOB)
 
 
 def enumerate_objects(
@@ -250,26 +267,27 @@ def enumerate_objects(
         if oid not in listed and oid not in have_objects:
             listed.add(oid)
             out.append((oid, type_num))
-    seen: dict[bytes, int] = {oid: 0 for oid in listed}
+    walker = _TreeWalk(src, flt, out, have_objects, shown=set(listed))
     for oid, type_num in direct:
         if type_num == OBJ_TREE:
-            seen.pop(oid, None)
-            _walk_tree_keep_root(src, oid, flt, out, seen, have_objects)
+            _walk_tree_keep_root(walker, oid)
+    sending = set(commits)
     for c in commits:
-        _walk_tree(src, src.commit(c).tree, flt, out, seen, have_objects)
+        info = src.commit(c)
+        base = None
+        # Diff against the first parent when its trees are walked too (it is sent) or the
+        # client has them (it is uninteresting); never across a shallow boundary.
+        if info.parents and c not in cut and (info.parents[0] in sending or info.parents[0] in bad):
+            base = src.commit(info.parents[0]).tree
+        walker.walk(info.tree, base)
     _include_tags(out, tag_refs, bad | have_objects)
     return Enumeration(out, len(commits), have_objects, edges)
 
 
-def _walk_tree_keep_root(
-    src: CommitSource, root: bytes, flt: _Filter, out: list[ObjectEntry],
-    seen: dict[bytes, int], have: set[bytes],
-) -> None:
+def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
     """Walk a wanted tree: the root itself is already listed, its contents follow the filter."""
-    before = len(out)
-    _walk_tree(src, root, flt, out, seen, have)
-    if len(out) > before and out[before] == (root, OBJ_TREE):
-        del out[before]
+    walker.shown.add(root)
+    walker.walk(root)
 
 
 def _include_tags(
