@@ -11,7 +11,7 @@ stateless serve loop does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .capabilities import V2Features
@@ -100,7 +100,7 @@ def parse_command_request(
     body: bytes | Iterable[Pkt], features: V2Features, max_args: int = 1_000_000
 ) -> CommandRequest | None:
     """Parse one v2 request body. ``None`` means an empty request (a lone flush)."""
-    pkts = list(iter_pkts(body)) if isinstance(body, bytes) else list(body)
+    pkts = _until_request_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
     if not pkts:
         raise ClientError("protocol error: empty request")
     if pkts[0].kind is PktKind.FLUSH:
@@ -125,6 +125,17 @@ def parse_command_request(
         server_options=tuple(opts),
         args=args,
     )
+
+
+def _until_request_end(pkts: Iterator[Pkt]) -> list[Pkt]:
+    """Packets up to and including the flush that ends the request; later bytes are never
+    decoded (C git's stateless serve loop stops reading there)."""
+    out: list[Pkt] = []
+    for pkt in pkts:
+        out.append(pkt)
+        if pkt.kind is PktKind.FLUSH:
+            break
+    return out
 
 
 def _opt(caps: dict[bytes, object], key: bytes) -> bytes | None:

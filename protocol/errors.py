@@ -22,6 +22,9 @@ class ClientError(ProtocolError):
     """
 
     def __init__(self, message: str, http_status: int = 400) -> None:
+        # The text ends up in an ERR pkt-line or an HTTP body: keep it valid UTF-8 even
+        # when it echoes undecodable client bytes.
+        message = message.encode("utf-8", "replace").decode("utf-8")
         super().__init__(message)
         self.message = message
         self.http_status = http_status

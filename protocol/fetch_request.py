@@ -5,7 +5,7 @@ arguments (gitprotocol-v2 "fetch") both become one typed :class:`FetchRequest`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .capabilities import V2Features
@@ -259,6 +259,22 @@ def _read_v0_haves(pkts: Sequence[Pkt], start: int, b: _Builder) -> HavesEnd:
     raise ClientError("protocol error: have list ended without flush or done")
 
 
+def _until_v0_end(pkts: Iterator[Pkt]) -> list[Pkt]:
+    """Packets of the want section and of the have section (up to its flush or ``done``);
+    upload-pack stops reading there, so later bytes are never decoded."""
+    out: list[Pkt] = []
+    flushes = 0
+    for pkt in pkts:
+        out.append(pkt)
+        if pkt.kind is PktKind.FLUSH:
+            flushes += 1
+            if flushes == 2:
+                break
+        elif flushes == 1 and pkt.kind is PktKind.DATA and pkt.text == b"done":
+            break
+    return out
+
+
 def parse_v0_request(
     body: bytes | Sequence[Pkt],
     advertised: frozenset[bytes],
@@ -270,7 +286,7 @@ def parse_v0_request(
     ``advertised`` holds the capability names we offered (``agent``, ``filter``...).
     A body that is only a flush (git's probe POST) yields a request with no wants.
     """
-    pkts = list(iter_pkts(body)) if isinstance(body, bytes) else list(body)
+    pkts = _until_v0_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
     b = _Builder(hex_len)
     b.flags = {"object_format": object_format}
     pos = _read_v0_wants(pkts, b, advertised)

@@ -16,11 +16,12 @@ PACKFILE_HEADER = b"packfile\n"
 
 
 def iter_shallow_lines(shallow: Iterable[bytes], unshallow: Iterable[bytes]) -> Iterator[bytes]:
-    """``shallow <oid>`` then ``unshallow <oid>`` payloads (also the v0 shallow list)."""
+    """``shallow <oid>`` then ``unshallow <oid>`` payloads (also the v0 shallow list).
+    No trailing LF, byte for byte as upload-pack.c writes them."""
     for oid in shallow:
-        yield b"shallow " + oid + b"\n"
+        yield b"shallow " + oid
     for oid in unshallow:
-        yield b"unshallow " + oid + b"\n"
+        yield b"unshallow " + oid
 
 
 def iter_shallow_info(shallow: Iterable[bytes], unshallow: Iterable[bytes]) -> Iterator[bytes]:

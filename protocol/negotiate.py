@@ -100,7 +100,8 @@ def negotiate_v2(req: FetchRequest, oracle: HaveOracle) -> V2Answer | None:
     """The v2 decision; ``None`` means the response is empty (no wants, nothing to say)."""
     if not req.wants and not req.want_refs and not req.wait_for_done:
         return None
-    common = [have for have in dict.fromkeys(req.haves) if oracle.note_have(have)]
+    # One ACK per common have line, repeats included, as upload-pack.c answers.
+    common = [have for have in req.haves if oracle.note_have(have)]
     if not req.haves or req.done:
         return V2Answer(None, True)
     lines = [b"acknowledgments\n"]

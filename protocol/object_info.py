@@ -38,7 +38,10 @@ def parse_object_info_args(args: Sequence[bytes], hex_len: int = 40) -> ObjectIn
 def iter_object_info(
     req: ObjectInfoRequest, sizes: Iterable[tuple[bytes, int | None]]
 ) -> Iterator[bytes]:
-    """Payloads of the answer: ``size`` then ``<oid> <size>`` per id (empty when unknown)."""
+    """Payloads of the answer: ``size`` then ``<oid> <size>`` per id (empty when unknown).
+    Without ids the answer is empty (protocol-caps.c sends only the flush)."""
+    if not req.oids:
+        return
     if req.size:
         yield b"size"
     for oid, size in sizes:

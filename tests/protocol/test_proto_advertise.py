@@ -170,14 +170,14 @@ def test_fetch_features() -> None:
 
 def test_shallow_info_section() -> None:
     assert list(iter_shallow_info([A], [B])) == [
-        b"shallow-info\n", b"shallow " + A + b"\n", b"unshallow " + B + b"\n"
+        b"shallow-info\n", b"shallow " + A, b"unshallow " + B
     ]
     assert list(iter_shallow_info([], [])) == [b"shallow-info\n"]
 
 
 def test_shallow_lines_shallow_before_unshallow() -> None:
     assert list(iter_shallow_lines([A, B], [T])) == [
-        b"shallow " + A + b"\n", b"shallow " + B + b"\n", b"unshallow " + T + b"\n"
+        b"shallow " + A, b"shallow " + B, b"unshallow " + T
     ]
 
 
