@@ -29,7 +29,6 @@ GARBAGE = {
     "len-ffff": b"ffff" + b"a" * 100,
     "truncated": b"0040command=ls",
     "truncated-head": b"00",
-    "truncated-after-flush": FLUSH + b"00",
     "negative-ish": b"-001",
     "spaces": b" 00a",
     "plus": b"+0fa" + b"a" * 0xFA,
@@ -47,6 +46,20 @@ def test_garbage_pkt_lines_are_400(server: LiveServer, version: int, name: str) 
     resp = post_upload_pack(server.port, GARBAGE[name], version=version)
     assert resp.status == 400, (name, version, resp.status, resp.body[:200])
     assert resp.header("content-type").startswith("text/plain")
+
+
+def test_bytes_after_the_end_of_a_request(server: LiveServer) -> None:
+    # v2: serve.c stops reading at the request's closing flush, so a lone flush followed by
+    # junk is still the empty request. v0: either the probe (200) or a refusal (400).
+    resp = post_upload_pack(server.port, FLUSH + b"00", version=2)
+    assert resp.status == 200
+    assert resp.body == b""
+    body = v2_command("ls-refs", args=("ref-prefix refs/heads/",)) + b"zz"
+    resp = post_upload_pack(server.port, body, version=2)
+    assert resp.status == 200
+    assert b"refs/heads/main" in resp.body
+    resp = post_upload_pack(server.port, FLUSH + b"00")
+    assert resp.status in (200, 400)
 
 
 @pytest.mark.parametrize("name", ["non-hex", "len-0003", "truncated", "random-256"])
@@ -397,3 +410,17 @@ def test_max_size_pkt_line_is_accepted_by_the_framing(server: LiveServer) -> Non
     resp = post_upload_pack(server.port, body)
     assert resp.status == 400
     assert b"pkt-line length" not in resp.body
+
+
+def test_v2_object_info_hides_objects_of_hidden_refs(server: LiveServer,
+                                                     oids: dict[str, str]) -> None:
+    secret, visible = oids["hidden_secret"], oids["hidden_main"]
+    body = v2_command("object-info", args=("size", f"oid {secret}", f"oid {visible}"))
+    resp = post_upload_pack(server.port, body, repo="hidden.git", version=2)
+    assert resp.status == 200
+    pkts = parse_pkts(resp.body)
+    assert pkts[0] == b"size"
+    assert pkts[1] == f"{secret} ".encode()  # answered like an unknown object
+    assert pkts[2] is not None and pkts[2].startswith(f"{visible} ".encode())
+    assert pkts[2].split(b" ")[1].isdigit()
+    assert pkts[3] is None
