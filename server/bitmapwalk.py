@@ -38,6 +38,7 @@ class Reach:
         self._buf: bytearray | None = None
         self._int_stale = False
         self.extra: dict[bytes, int] = {}
+        self.hints: dict[bytes, bytes] = {}  # new object -> object at its path in the parent
 
     @property
     def bits(self) -> int:
@@ -73,6 +74,7 @@ class Reach:
         other.nbytes = self.nbytes
         other.bits = self.bits
         other.extra = dict(self.extra)
+        other.hints = dict(self.hints)
         return other
 
 
@@ -188,18 +190,23 @@ class BitmapIndex:
             if seen:
                 continue
             self._add(reach, tree, rank, OBJ_TREE)
+            if base is not None and rank is None:
+                reach.hints[tree] = base
             known = {name: hx for name, _, hx in self.src.tree_hex(base)} if base else {}
             for name, mode, hx in self.src.tree_hex(tree):
                 old = known.get(name)
                 if old == hx or mode == _GITLINK:
                     continue  # the base tree has it, and the base is in the closure
                 oid = a2b_hex(hx)
+                old_oid = a2b_hex(old) if old else None
                 if mode & 0o170000 == 0o040000:
-                    stack.append((oid, a2b_hex(old) if old else None))
+                    stack.append((oid, old_oid))
                     continue
                 seen, rank = self._has(reach, oid)
                 if not seen:
                     self._add(reach, oid, rank, OBJ_BLOB)
+                    if old_oid is not None and rank is None:
+                        reach.hints[oid] = old_oid
 
     # -- filters -------------------------------------------------------------------
 

@@ -91,7 +91,8 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     if req.thin_pack and enum.have_objects:
         have = enum.have_objects
         thin = lambda _pack, _rank, oid: oid in have  # noqa: E731
-    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin)
+    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin,
+                             delta_hints=enum.hints)
     source.stats.kind = "walk"
     return source
 
@@ -130,18 +131,19 @@ def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> Pack
     thin: ThinCheck | None = None
     if req.thin_pack and haves is not None:
         thin = _thin_from_reach(bi, haves)
-    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin)
+    source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin,
+                             delta_hints=reach.hints)
     source.stats.kind = "bitmap"
     return source
 
 
 def _thin_from_reach(bi: BitmapIndex, haves: Reach) -> ThinCheck:
-    def has(pack: PackFile, rank: int, oid: bytes) -> bool:
-        if pack is bi.pack:
+    def has(pack: PackFile | None, rank: int, oid: bytes) -> bool:
+        if pack is bi.pack or pack is None:
             if rank < 0:
                 found = bi.rank(oid)
                 if found is None:
-                    return False
+                    return oid in haves.extra
                 rank = found
             return haves.test(rank)
         if oid in haves.extra:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dulwich._pack import create_delta
+
 from .odb import ObjectSnapshot, PackedLocation
 from .packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header, parse_entry_header
 
@@ -218,8 +220,8 @@ def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
     return Selection(plans, loose)
 
 
-ThinCheck = Callable[[PackFile, int, bytes], bool]
-"""(pack, rank or -1, oid) of a delta base -> True when the client has it (thin packs)."""
+ThinCheck = Callable[[PackFile | None, int, bytes], bool]
+"""(pack or None, rank or -1, oid) of a delta base -> True when the client has it."""
 
 
 class ReusePackSource:
@@ -232,12 +234,14 @@ class ReusePackSource:
         *,
         ofs_delta: bool,
         thin: ThinCheck | None = None,
+        delta_hints: dict[bytes, bytes] | None = None,
         compression: int = zlib.Z_DEFAULT_COMPRESSION,
     ) -> None:
         self.odb = odb
         self.selection = selection
         self.ofs_delta = ofs_delta
         self.thin = thin
+        self.hints = delta_hints or {}
         self.compression = compression
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
@@ -338,14 +342,7 @@ class ReusePackSource:
     def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes, rank: int) -> int | None:
         if 0 <= base_rank < rank and plan.selected[base_rank]:
             return plan.out_offset(base_rank)
-        at = self._written.get(oid)
-        if at is not None:
-            return at
-        for done in self._done:
-            r = done.rank_of(oid)
-            if r >= 0 and done.selected[r]:
-                return done.out_offset(r)
-        return None
+        return self._find_written(oid)
 
     def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes,
                     body: memoryview) -> None:
@@ -362,8 +359,44 @@ class ReusePackSource:
         self.stats.deltas += 1
 
     def _write_whole(self, oid: bytes, out: _Out) -> None:
+        """Write an object nothing could be reused for: as a new delta against the object
+        at the same path in the parent commit when that base is sent before it or the
+        client has it (a thin pack), else whole."""
         type_num, data = self.odb.read(oid)
         self._written[oid] = out.offset
+        self.stats.generated += 1
+        if self._write_new_delta(oid, type_num, data, out):
+            return
         out.write(encode_entry_header(type_num, len(data)))
         out.write(zlib.compress(data, self.compression))
-        self.stats.generated += 1
+
+    def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out) -> bool:
+        base = self.hints.get(oid)
+        if base is None or len(data) < 64:
+            return False
+        base_at = self._find_written(base)
+        if base_at is None and (self.thin is None or not self.thin(None, -1, base)):
+            return False
+        base_type, base_data = self.odb.read(base)
+        if base_type != type_num:
+            return False
+        delta = create_delta(base_data, data)
+        if len(delta) > len(data) // 2:
+            return False
+        if base_at is not None and self.ofs_delta:
+            out.write(encode_entry_header(OFS_DELTA, len(delta), out.offset - base_at))
+        else:
+            out.write(encode_entry_header(REF_DELTA, len(delta), base))
+        out.write(zlib.compress(delta, self.compression))
+        self.stats.deltas += 1
+        return True
+
+    def _find_written(self, oid: bytes) -> int | None:
+        at = self._written.get(oid)
+        if at is not None:
+            return at
+        for done in self._done:
+            r = done.rank_of(oid)
+            if r >= 0 and done.selected[r]:
+                return done.out_offset(r)
+        return None

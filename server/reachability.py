@@ -155,6 +155,7 @@ class Enumeration:
     commits: int
     have_objects: set[bytes]  # trees/blobs of the boundary: delta bases for thin packs
     edge_commits: set[bytes]
+    hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
 
 
 def _split_wants(src: CommitSource, wants: Iterable[bytes]) -> tuple[list[bytes], list[ObjectEntry]]:
@@ -199,6 +200,7 @@ class _TreeWalk:
     have: set[bytes]
     seen: dict[bytes, int] = field(default_factory=dict)
     shown: set[bytes] = field(default_factory=set)
+    hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
 
     def _show(self, oid: bytes, type_num: int) -> None:
         if oid not in self.shown:
@@ -224,6 +226,8 @@ class _TreeWalk:
             show, walk = self.flt.check(tree, OBJ_TREE, depth)
             if show:
                 self._show(tree, OBJ_TREE)
+                if old_tree is not None:
+                    self.hints[tree] = old_tree
             if not walk:
                 continue
             known = {n: h for n, _, h in self.src.tree_hex(old_tree)} if old_tree else {}
@@ -232,10 +236,13 @@ class _TreeWalk:
                 if old == hx or mode == _GITLINK:
                     continue
                 oid = a2b_hex(hx)
+                old_oid = a2b_hex(old) if old else None
                 if mode & 0o170000 == 0o040000:
-                    stack.append((oid, a2b_hex(old) if old else None, depth + 1))
+                    stack.append((oid, old_oid, depth + 1))
                 elif self._visit(oid, depth + 1) and self.flt.check(oid, OBJ_BLOB, depth + 1)[0]:
                     self._show(oid, OBJ_BLOB)
+                    if old_oid is not None:
+                        self.hints[oid] = old_oid
 
 
 def enumerate_objects(
@@ -281,7 +288,7 @@ def enumerate_objects(
             base = src.commit(info.parents[0]).tree
         walker.walk(info.tree, base)
     _include_tags(out, tag_refs, bad | have_objects)
-    return Enumeration(out, len(commits), have_objects, edges)
+    return Enumeration(out, len(commits), have_objects, edges, walker.hints)
 
 
 def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
