@@ -44,6 +44,7 @@ NO_CACHE = {
     "Pragma": "no-cache",
     "Expires": "Fri, 01 Jan 1980 00:00:00 GMT",
 }
+MAX_PKTS = 1_000_000  # pkt-lines per request body; a 100k-ref mirror clone sends ~100k
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
@@ -100,10 +101,13 @@ def _protocol_version(request: web.Request) -> int:
 
 
 def _split_path(path: str) -> tuple[str, str]:
+    """(repository path relative to the root, action). Only a single leading slash is
+    dropped: doubled slashes make an empty segment, which resolves to nothing."""
+    rel = path[1:] if path.startswith("/") else path
     for suffix in ("/info/refs", "/" + UPLOAD_PACK, "/" + RECEIVE_PACK):
-        if path.endswith(suffix):
-            return path[: -len(suffix)].lstrip("/"), suffix[1:]
-    return path.lstrip("/"), ""
+        if rel.endswith(suffix) or rel == suffix[1:]:
+            return rel[: -len(suffix)] if rel.endswith(suffix) else "", suffix[1:]
+    return rel, ""
 
 
 async def read_body(request: web.Request, max_body: int, max_inflated: int) -> bytes:
@@ -153,6 +157,9 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
     ctx = state.context(state.resolver.resolve(repo_path))
     version = _protocol_version(request)
     start = time.monotonic()
+    if request.method == "HEAD":
+        return web.Response(status=200, headers={
+            **NO_CACHE, "Content-Type": f"application/x-{UPLOAD_PACK}-advertisement"})
     if version == 2:
         payloads = await state.run(lambda: list(ctx.v2_capabilities()))
     else:
@@ -176,6 +183,8 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(state.resolver.resolve(repo_path))
     body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
+    if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
+        raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
     if _protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body)
     return await _serve_v0(state, request, ctx, body)
@@ -192,7 +201,8 @@ async def _refuse_in_protocol(request: web.Request, exc: ClientError) -> web.Str
 
 async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
     fmt = await state.run(lambda: ctx.object_format)
-    req = parse_v0_request(body, V0_REQUEST_CAPS | _v0_extra_caps(ctx), fmt.encode(), ctx.hash_len * 2)
+    caps = V0_REQUEST_CAPS | await state.run(_v0_extra_caps, ctx)
+    req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     try:
         plan = await state.run(plan_fetch, ctx, req) if req.wants else None
     except ClientError as exc:
@@ -228,6 +238,8 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
     try:
         await pump_pack(writer, state.executor, lambda: iter_pack(ctx, plan),
                         state.cfg.keepalive, plan.req.no_progress)
+    except ConnectionError:
+        raise  # the client went away: nothing more to say to it
     except (ObjectStoreError, OSError) as exc:
         log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
         await writer.error(f"upload-pack: {exc}", in_band=True)
@@ -236,7 +248,7 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
 
 async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
     features = await state.run(ctx.v2_features)
-    cmd = parse_command_request(body, features)
+    cmd = await state.run(parse_command_request, body, features)
     if cmd is None:
         resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
         await resp.write_eof()
@@ -249,7 +261,7 @@ async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContex
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         payloads = await state.run(ctx.object_info, oi)
         return await _write_listing(request, payloads)
-    req = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
+    req = await state.run(parse_v2_fetch_args, cmd.args, features, ctx.hash_len * 2)
     return await _serve_v2_fetch(state, request, ctx, req)
 
 
@@ -282,7 +294,7 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
             else:
                 await writer.flush_pkt()
         if answer.send_pack:
-            if plan.shallow.sent or req.shallows:
+            if plan.shallow.sent or plan.shallow.cut:
                 await writer.pkts(iter_shallow_info(
                     (s.hex().encode() for s in plan.shallow.shallow),
                     (s.hex().encode() for s in plan.shallow.unshallow)))
@@ -299,13 +311,18 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
     return resp
 
 
+STATE_KEY = web.AppKey("state", ServerState)
+
+
 def make_app(state: ServerState) -> web.Application:
     """The aiohttp application: one catch-all route, dispatched by path suffix."""
     app = web.Application(client_max_size=state.cfg.max_body)
-    app["state"] = state
+    app[STATE_KEY] = state
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         repo_path, action = _split_path(request.path)
+        if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
+            return _text(404, "not found")
         try:
             if action == RECEIVE_PACK:
                 return _text(403, READ_ONLY)
@@ -314,8 +331,16 @@ def make_app(state: ServerState) -> web.Application:
             if action == UPLOAD_PACK and request.method == "POST":
                 return await handle_upload_pack(state, request, repo_path)
             if action:
-                return _text(405, f"method {request.method} not allowed here")
+                allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
+                resp = _text(405, f"method {request.method} not allowed here")
+                resp.headers["Allow"] = allow
+                return resp
             return _text(404, "not found")
+        except ConnectionError:
+            # The client went away mid-response: end this connection quietly, the way
+            # aiohttp treats a premature disconnection (no 500, no traceback).
+            log.debug("client went away: %s %s", request.method, request.path)
+            raise asyncio.CancelledError() from None
         except RepoNotFound:
             return _text(404, f"repository not found: /{repo_path}")
         except HttpError as exc:

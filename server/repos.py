@@ -158,9 +158,11 @@ def _is_within(path: str, root: str) -> bool:
 
 
 def _clean_segments(rel: str) -> list[str]:
-    parts = [p for p in rel.split("/") if p]
+    """Path segments of a canonical URL path; anything else (``..``, ``.``, empty segments
+    from doubled slashes, NUL, backslashes) is not a repository."""
+    parts = rel.split("/") if rel else []
     for p in parts:
-        if p in (".", "..") or "\0" in p or "\\" in p:
+        if p in ("", ".", "..") or "\0" in p or "\\" in p:
             raise RepoNotFound(rel)
     return parts
 

@@ -85,7 +85,7 @@ def _rev_list_walk(
     """shallow.c get_shallow_commits_by_rev_list."""
     commits, _ = src.walk_by_date(wants, not_oids, since=since)
     if not commits:
-        raise ClientError("no commits selected for shallow requests")
+        raise ClientError("no commits selected for shallow requests", 200)
     selected = set(commits)
     border = [c for c in commits if any(p not in selected for p in src.commit(c).parents)]
     shallow = set(border)
