@@ -111,12 +111,13 @@ _cache: dict[tuple[str, int, int], CommitGraph | None] = {}
 _lock = threading.Lock()
 
 
-def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None, size: int = 0) -> CommitGraph | None:
-    """The repository's commit-graph, cached by (path, inode, size); None if absent/unusable."""
+def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None) -> CommitGraph | None:
+    """The repository's commit-graph, cached by (path, inode); None if absent or unusable.
+    git writes the file with a lock file and a rename, so a new graph has a new inode."""
     if inode is None:
         return None
     path = os.path.join(objects_dir, "info", "commit-graph")
-    key = (path, inode, size)
+    key = (path, inode, 0)
     if key in _cache:
         return _cache[key]
     try:
@@ -124,5 +125,7 @@ def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None, size: 
     except (OSError, ValueError, CommitGraphError, struct.error):
         graph = None
     with _lock:
+        for old in [k for k in _cache if k[0] == path]:
+            del _cache[old]  # a replaced graph; requests still using it keep their reference
         _cache[key] = graph
     return graph

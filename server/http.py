@@ -27,6 +27,7 @@ from protocol.object_info import parse_object_info_args
 from protocol.advertise import format_service_header
 
 from .config import Config
+from .fscache import DirCache
 from .odb import ObjectStoreError, PackRegistry
 from .repos import RepoNotFound, RepoResolver
 from .stream import PktWriter, pump_pack
@@ -58,6 +59,7 @@ class ServerState:
     resolver: RepoResolver
     registry: PackRegistry
     executor: ThreadPoolExecutor
+    dirs: DirCache
     in_flight: int = 0
     hooks: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
 
@@ -68,6 +70,7 @@ class ServerState:
             RepoResolver(str(cfg.root_path()), cfg.cross_request_cache),
             PackRegistry(),
             ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout"),
+            DirCache(enabled=cfg.cross_request_cache),
         )
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -75,7 +78,7 @@ class ServerState:
 
     def context(self, repo: Any) -> RequestContext:
         return RequestContext(repo, self.registry, self.cfg.agent.encode(),
-                              self.resolver.root, self.cfg.cross_request_cache)
+                              self.resolver.root, self.dirs)
 
 
 class HttpError(Exception):
@@ -342,6 +345,7 @@ def make_app(state: ServerState) -> web.Application:
             log.debug("client went away: %s %s", request.method, request.path)
             raise asyncio.CancelledError() from None
         except RepoNotFound:
+            state.resolver.forget(repo_path)
             return _text(404, f"repository not found: /{repo_path}")
         except HttpError as exc:
             return _text(exc.status, exc.text)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dulwich._pack import apply_delta
 
 from .commitgraph import CommitGraph, load_commit_graph
+from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .lru import ByteLRU
 from .packs import (
@@ -65,6 +66,7 @@ class PackRegistry:
         self.objects = ByteLRU[tuple[int, bytes]](cache_budget)
         self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
         self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20)  # object sets of wants
+        self.fanout_ids: dict[tuple[str, str], tuple[object, frozenset[bytes]]] = {}
         self.opened = 0
 
     def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:
@@ -81,11 +83,12 @@ class PackRegistry:
         return pack
 
     def forget_missing(self, live: set[tuple[object, ...]], prefix: str) -> None:
-        """Close packs under ``prefix`` that are no longer listed (another process repacked)."""
+        """Forget packs under ``prefix`` that are no longer listed (another process
+        repacked). Requests still sending from one keep it open: a PackFile closes its
+        descriptors when the last reference goes away."""
         with self._lock:
-            gone = [k for k in self._packs if k[0] == prefix and k not in live]
-            for k in gone:
-                self._packs.pop(k).close()
+            for k in [k for k in self._packs if k[0] == prefix and k not in live]:
+                del self._packs[k]
 
     def __len__(self) -> int:
         return len(self._packs)
@@ -102,14 +105,18 @@ class ObjectSnapshot:
         fs: FsOps,
         allowed_root: str | None = None,
         _depth: int = 0,
+        dirs: DirCache | None = None,
     ) -> None:
         self.objects_dir = objects_dir
         self.hash_len = hash_len
         self.registry = registry
         self.fs = fs
+        self.dirs = dirs if dirs is not None else DirCache(enabled=False)
         self.allowed_root = allowed_root
         self.rescans = 0
         self._loose: set[bytes] | None = None
+        self._loose_fresh = False
+        self._info_names: dict[str, tuple[str, int, bool]] | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
         self._scan_packs()
@@ -117,10 +124,10 @@ class ObjectSnapshot:
 
     # -- pack list -------------------------------------------------------------
 
-    def _scan_packs(self) -> None:
+    def _scan_packs(self, fresh: bool = False) -> None:
         pack_dir = os.path.join(self.objects_dir, "pack")
-        entries = self.fs.scandir_or_empty(pack_dir)
-        inodes = {e.name: e.inode() for e in entries}
+        listing = self._listing(pack_dir, fresh)
+        inodes = {name: ino for name, ino, _ in (listing.entries if listing else ())}
         packs: list[PackFile] = []
         live: set[tuple[object, ...]] = set()
         for name, ino in inodes.items():
@@ -144,25 +151,41 @@ class ObjectSnapshot:
         self.packs = packs
 
     def commit_graph(self) -> CommitGraph | None:
-        """The commit-graph of this object directory (one stat per request), or None."""
+        """The commit-graph of this object directory, by the inode ``objects/info`` lists."""
         if self._graph is False:
-            st = self.fs.stat_or_none(os.path.join(self.objects_dir, "info", "commit-graph"))
-            self._graph = load_commit_graph(
-                self.objects_dir, self.hash_len, st.st_ino if st else None,
-                st.st_size if st else 0)
+            entry = self._info().get("commit-graph")
+            self._graph = load_commit_graph(self.objects_dir, self.hash_len,
+                                            entry[1] if entry else None)
         return self._graph  # type: ignore[return-value]
+
+    def _listing(self, path: str, fresh: bool = False) -> Listing | None:
+        if fresh:
+            # A true miss: look at the directory itself, whatever the cache holds.
+            self.dirs.forget(path)
+        return self.dirs.listing(self.fs, path)
+
+    def _info(self) -> dict[str, tuple[str, int, bool]]:
+        if self._info_names is None:
+            listing = self._listing(os.path.join(self.objects_dir, "info"))
+            self._info_names = listing.names() if listing else {}
+        return self._info_names
 
     def rescan(self) -> None:
         """List ``objects/pack`` again and forget the loose listing (counted)."""
         self.rescans += 1
         self.fs.note("rescan")
         self._loose = None
-        self._scan_packs()
+        self._loose_fresh = True
+        self._scan_packs(fresh=True)
 
     def _load_alternates(self, depth: int) -> list[ObjectSnapshot]:
         if depth >= _MAX_ALTERNATE_DEPTH:
             return []
-        data = self.fs.read_file_or_none(os.path.join(self.objects_dir, "info", "alternates"))
+        entry = self._info().get("alternates")
+        if entry is None:
+            return []
+        data = self.dirs.file(self.fs, os.path.join(self.objects_dir, "info", "alternates"),
+                              entry[1])
         if not data:
             return []
         alts = []
@@ -175,23 +198,42 @@ class ObjectSnapshot:
                 continue  # never read objects from outside --root
             if os.path.isdir(path):
                 alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs,
-                                           self.allowed_root, depth + 1))
+                                           self.allowed_root, depth + 1, self.dirs))
         return alts
 
     # -- loose objects ----------------------------------------------------------
 
     def _loose_ids(self) -> set[bytes]:
+        """Every loose object id: the fan-out directories are listed once per request
+        (one stat each while unchanged, through the listing cache)."""
         if self._loose is None:
+            fresh = self._loose_fresh
             found: set[bytes] = set()
-            for entry in self.fs.scandir_or_empty(self.objects_dir):
-                if entry.name in _FANOUT:
-                    for obj in self.fs.scandir_or_empty(entry.path):
-                        try:
-                            found.add(bytes.fromhex(entry.name + obj.name))
-                        except ValueError:
-                            continue  # temporary files such as tmp_obj_XXXX
+            top = self._listing(self.objects_dir, fresh)
+            for name, _, is_dir in top.entries if top else ():
+                if not is_dir or name not in _FANOUT:
+                    continue
+                found.update(self._fanout_ids(name, fresh))
             self._loose = found
         return self._loose
+
+    def _fanout_ids(self, name: str, fresh: bool) -> frozenset[bytes]:
+        listing = self._listing(os.path.join(self.objects_dir, name), fresh)
+        if listing is None:
+            return frozenset()
+        cached = self.registry.fanout_ids.get((self.objects_dir, name))
+        if cached is not None and cached[0] == listing.key:
+            return cached[1]
+        ids = set()
+        for obj, _, _ in listing.entries:
+            try:
+                ids.add(bytes.fromhex(name + obj))
+            except ValueError:
+                continue  # temporary files such as tmp_obj_XXXX
+        result = frozenset(ids)
+        if listing.trusted:
+            self.registry.fanout_ids[(self.objects_dir, name)] = (listing.key, result)
+        return result
 
     def _loose_path(self, oid: bytes) -> str:
         hx = oid.hex()
@@ -247,6 +289,10 @@ class ObjectSnapshot:
         return self.read_packed(loc.pack, loc.offset)
 
     def _read_loose(self, path: str, oid: bytes) -> tuple[int, bytes]:
+        cache = self.registry.objects
+        hit = cache.get(("loose", oid))
+        if hit is not None:
+            return hit  # objects are immutable: the id is the whole key
         try:
             raw = zlib.decompress(self.fs.read_file(path))
         except FileNotFoundError:
@@ -263,6 +309,7 @@ class ObjectSnapshot:
         type_num = TYPE_NUMS.get(type_name)
         if type_num is None or not size.isdigit() or int(size) != len(body):
             raise ObjectStoreError(f"corrupt loose object {oid.hex()}")
+        cache.put(("loose", oid), (type_num, body), len(body))
         return type_num, body
 
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:

@@ -163,8 +163,18 @@ class PackFile:
             raise PackFormatError(f"{self.base}.pack: header does not match its index")
 
     def close(self) -> None:
-        os.close(self.fd)
-        self._idx.close()
+        """Release the descriptors (also done when the object is collected)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        if not self._idx.closed:
+            self._idx.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError, ValueError):
+            pass
 
     def _load_prefixes(self) -> array:
         """The first 8 bytes of every name as integers, for C-speed bisection."""

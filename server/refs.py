@@ -1,19 +1,22 @@
 """The refs of a repository as one request sees them (DESIGN.md invariant 2).
 
-``packed-refs`` is parsed once and kept across requests behind a validation of (device,
-inode, size, mtime_ns). Loose refs are found with one directory walk; a loose ref file's
-content is cached by inode, which changes on every update git makes (lock file + rename).
+Everything is read through the process-wide :class:`DirCache`: the git directory's listing
+(one stat) gives the inodes of ``HEAD`` and ``packed-refs``, whose contents and parse are
+reused while the inodes stay the same; loose refs are found with one walk of ``refs/``
+(one stat per directory while nothing changed). A whole snapshot is reused while the state
+key (every listing it came from) is unchanged. With caching off, everything is re-read.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from protocol.refs import HeadInfo, Ref, ref_is_hidden
 
+from .fscache import DirCache
 from .fsops import FsOps
 
 __all__ = ["RefSnapshot", "RefCache", "read_ref_snapshot", "Peeler"]
@@ -31,26 +34,31 @@ class _PackedRefs:
     fully_peeled: bool
 
 
+_NO_PACKED = _PackedRefs({}, {}, True)
+
+
 @dataclass
 class RefCache:
-    """Cross-request ref state of one repository (process-wide, shared by threads)."""
+    """Cross-request ref state of one repository (shared by threads)."""
 
-    packed: tuple[tuple[int, ...], _PackedRefs] | None = None
-    loose: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    packed: tuple[int, _PackedRefs] | None = None  # by packed-refs inode
+    snapshot: tuple[tuple[object, ...], RefSnapshot] | None = None
+    encoded: dict[tuple[object, ...], list[bytes]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    enabled: bool = True
 
 
 @dataclass(frozen=True)
 class RefSnapshot:
-    """HEAD plus every ref (sorted bytewise, symrefs resolved) at one moment."""
+    """HEAD plus every ref (sorted bytewise, symrefs resolved) at one moment.
+
+    ``state`` identifies what it was read from; equal states mean equal snapshots.
+    """
 
     head: HeadInfo
     refs: tuple[Ref, ...]
     hex_len: int
-
-    def by_name(self) -> dict[bytes, Ref]:
-        return {r.name: r for r in self.refs}
+    state: tuple[object, ...] = ()
+    complete: bool = True  # False when only some ref prefixes were read
 
     def visible(self, hide: Iterable[bytes]) -> tuple[HeadInfo | None, list[Ref]]:
         """HEAD (None when hidden) and the refs hideRefs leaves visible."""
@@ -86,58 +94,60 @@ def _parse_packed_refs(data: bytes, hex_len: int) -> _PackedRefs:
     return _PackedRefs(values, peeled, fully)
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _read_packed(gitdir: str, fs: FsOps, cache: RefCache, hex_len: int) -> _PackedRefs:
-    path = os.path.join(gitdir, "packed-refs")
-    st = fs.stat_or_none(path)
-    if st is None:
-        return _PackedRefs({}, {}, True)
-    key = _stat_key(st)
-    cached = cache.packed
-    if cache.enabled and cached is not None and cached[0] == key:
-        return cached[1]
-    data = fs.read_file_or_none(path) or b""
-    parsed = _parse_packed_refs(data, hex_len)
-    if cache.enabled:
-        cache.packed = (key, parsed)
-    return parsed
-
-
 def _valid_component(name: str) -> bool:
     return bool(name) and not name.startswith(".") and not name.endswith(".lock")
 
 
-def _walk_loose(gitdir: str, fs: FsOps, cache: RefCache) -> dict[bytes, bytes]:
-    """Raw contents of every loose ref file under ``refs/``, by ref name."""
-    out: dict[bytes, bytes] = {}
-    stack = [("refs", os.path.join(gitdir, "refs"))]
-    seen: dict[str, tuple[int, bytes]] = {}
-    while stack:
-        prefix, path = stack.pop()
-        for entry in fs.scandir_or_empty(path):
-            if not _valid_component(entry.name):
+@dataclass
+class _Reader:
+    gitdir: str
+    fs: FsOps
+    dirs: DirCache
+    cache: RefCache
+    hex_len: int
+    state: list[object] = field(default_factory=list)
+
+    def packed(self, inode: int | None) -> _PackedRefs:
+        if inode is None:
+            return _NO_PACKED
+        cached = self.cache.packed
+        if self.dirs.enabled and cached is not None and cached[0] == inode:
+            return cached[1]
+        data = self.dirs.file(self.fs, os.path.join(self.gitdir, "packed-refs"), inode) or b""
+        parsed = _parse_packed_refs(data, self.hex_len)
+        self.cache.packed = (inode, parsed)
+        return parsed
+
+    def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
+        """Can refs under ``dirname/`` match one of the prefixes (or contain a prefix)?"""
+        if not prefixes:
+            return True
+        d = dirname.encode("utf-8", "surrogateescape") + b"/"
+        return any(p.startswith(d) or d.startswith(p) for p in prefixes)
+
+    def loose(self, prefixes: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Raw contents of the loose ref files under ``refs/``, by ref name."""
+        out: dict[bytes, bytes] = {}
+        stack = ["refs"]
+        while stack:
+            prefix = stack.pop()
+            path = os.path.join(self.gitdir, prefix)
+            listing = self.dirs.listing(self.fs, path)
+            if listing is None:
                 continue
-            name = prefix + "/" + entry.name
-            if entry.is_dir(follow_symlinks=False):
-                stack.append((name, entry.path))
-                continue
-            ino = entry.inode()
-            cached = cache.loose.get(name) if cache.enabled else None
-            if cached is not None and cached[0] == ino:
-                content = cached[1]
-            else:
-                data = fs.read_file_or_none(entry.path)
-                if data is None:
+            self.state.append((prefix, listing.key))
+            for name, ino, is_dir in listing.entries:
+                if not _valid_component(name):
                     continue
-                content = data.strip()
-            seen[name] = (ino, content)
-            out[name.encode("utf-8", "surrogateescape")] = content
-    if cache.enabled:
-        cache.loose = seen
-    return out
+                full = prefix + "/" + name
+                if is_dir:
+                    if self._wanted(full, prefixes):
+                        stack.append(full)
+                    continue
+                data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), ino)
+                if data is not None:
+                    out[full.encode("utf-8", "surrogateescape")] = data.strip()
+        return out
 
 
 def _resolve(
@@ -159,16 +169,25 @@ def _resolve(
     return None, target
 
 
-def read_ref_snapshot(
-    gitdir: str, fs: FsOps, cache: RefCache, hex_len: int, peel: Peeler
-) -> RefSnapshot:
-    """Read HEAD, packed-refs and loose refs once."""
-    packed = _read_packed(gitdir, fs, cache, hex_len)
-    loose = _walk_loose(gitdir, fs, cache)
-    head_raw = (fs.read_file_or_none(os.path.join(gitdir, "HEAD")) or b"").strip()
-    names = sorted(set(packed.values) | set(loose))
+def _read_head(raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_len: int) -> HeadInfo:
+    if raw.startswith(b"ref:"):
+        target = raw[4:].strip()
+        oid, _ = _resolve(target, loose, packed, hex_len)
+        return HeadInfo(target, oid)
+    if len(raw) == hex_len:
+        return HeadInfo(None, raw)
+    return HeadInfo(None, None)
+
+
+def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_len: int,
+           peel: Peeler, prefixes: Sequence[bytes]) -> tuple[HeadInfo, tuple[Ref, ...]]:
+    names = set(loose)
+    if prefixes:
+        names.update(n for n in packed.values if any(n.startswith(p) for p in prefixes))
+    else:
+        names.update(packed.values)
     refs: list[Ref] = []
-    for name in names:
+    for name in sorted(names):
         oid, target = _resolve(name, loose, packed, hex_len)
         if oid is None:
             continue
@@ -181,15 +200,37 @@ def read_ref_snapshot(
         else:
             peeled = peel(oid)
         refs.append(Ref(name, oid, peeled, target))
-    head = _read_head(head_raw, loose, packed, hex_len)
-    return RefSnapshot(head, tuple(refs), hex_len)
+    return _read_head(head_raw, loose, packed, hex_len), tuple(refs)
 
 
-def _read_head(raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_len: int) -> HeadInfo:
-    if raw.startswith(b"ref:"):
-        target = raw[4:].strip()
-        oid, _ = _resolve(target, loose, packed, hex_len)
-        return HeadInfo(target, oid)
-    if len(raw) == hex_len:
-        return HeadInfo(None, raw)
-    return HeadInfo(None, None)
+def read_ref_snapshot(
+    gitdir: str, fs: FsOps, dirs: DirCache, cache: RefCache, hex_len: int, peel: Peeler,
+    prefixes: Sequence[bytes] = (),
+) -> RefSnapshot:
+    """Read HEAD, packed-refs and loose refs once. With ``prefixes`` only refs under them
+    (and HEAD) are read; the answer is then marked incomplete."""
+    top = dirs.listing(fs, gitdir)
+    if top is None:
+        raise FileNotFoundError(gitdir)
+    names = top.names()
+    reader = _Reader(gitdir, fs, dirs, cache, hex_len, [("", top.key)])
+    packed_entry = names.get("packed-refs")
+    packed = reader.packed(packed_entry[1] if packed_entry else None)
+    loose = reader.loose(prefixes)
+    state = tuple(reader.state) + (tuple(prefixes),)
+    hit = cache.snapshot
+    if dirs.enabled and hit is not None and hit[0] == state:
+        return hit[1]
+    head_entry = names.get("HEAD")
+    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), head_entry[1]) or b"").strip() \
+        if head_entry else b""
+    head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes)
+    snap = RefSnapshot(head, refs, hex_len, state, complete=not prefixes)
+    if dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state):
+        cache.snapshot = (state, snap)
+    return snap
+
+
+def _trusted(dirs: DirCache, gitdir: str, item: object) -> bool:
+    prefix, _key = item  # type: ignore[misc]
+    return dirs.is_trusted(os.path.join(gitdir, prefix) if prefix else gitdir)

@@ -17,6 +17,7 @@ from dulwich.config import ConfigFile
 
 from protocol.refs import parse_hide_pattern
 
+from .fscache import DirCache
 from .fsops import FsOps
 from .refs import RefCache
 
@@ -123,7 +124,7 @@ class Repo:
 
     url_path: str
     gitdir: str
-    ref_cache: RefCache
+    ref_cache: RefCache = field(default_factory=RefCache)
     _config: tuple[tuple[int, ...], RepoConfig] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,15 +132,18 @@ class Repo:
     def objects_dir(self) -> str:
         return os.path.join(self.gitdir, "objects")
 
-    def config(self, fs: FsOps, cache: bool = True) -> RepoConfig:
-        """The repository config, re-read only when the file's stat changes."""
-        path = os.path.join(self.gitdir, "config")
-        st = fs.stat_or_none(path)
-        key = (st.st_ino, st.st_size, st.st_mtime_ns) if st else (0, 0, 0)
+    def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
+        """The repository config, re-read when the file is replaced (git rewrites it with
+        a lock file and a rename, which gives it a new inode)."""
+        top = dirs.listing(fs, self.gitdir)
+        if top is None:
+            raise RepoNotFound(self.url_path)
+        entry = top.names().get("config")
+        key = (entry[1],) if entry else (0,)
         cached = self._config
-        if cache and cached is not None and cached[0] == key:
+        if dirs.enabled and cached is not None and cached[0] == key:
             return cached[1]
-        data = fs.read_file_or_none(path) if st else b""
+        data = dirs.file(fs, os.path.join(self.gitdir, "config"), entry[1]) if entry else b""
         cfg = parse_repo_config(data or b"")
         self._config = (key, cfg)
         return cfg
@@ -177,6 +181,11 @@ class RepoResolver:
         self._by_url: dict[str, str] = {}
         self._lock = threading.Lock()
 
+    def forget(self, url_path: str) -> None:
+        """Drop a cached resolution (the repository went away)."""
+        with self._lock:
+            self._by_url.pop("/".join(p for p in url_path.split("/") if p), None)
+
     def _candidates(self, parts: list[str]) -> list[str]:
         rel = os.path.join(self.root, *parts) if parts else self.root
         if parts and parts[-1].endswith(".git"):
@@ -191,10 +200,9 @@ class RepoResolver:
         key = "/".join(parts)
         real = self._by_url.get(key)
         if real is not None:
-            if fs is not None:
-                fs.note("stat")
-            if os.path.isdir(real):
-                return self._repos[real]
+            # No syscall here: the request's first read of the git directory (through
+            # the listing cache) finds out if the repository went away.
+            return self._repos[real]
         for cand in self._candidates(parts):
             real = os.path.realpath(cand)
             if not _is_within(real, self.root) or not _is_git_dir(real):
@@ -202,7 +210,7 @@ class RepoResolver:
             with self._lock:
                 repo = self._repos.get(real)
                 if repo is None:
-                    repo = Repo(key, real, RefCache(enabled=self.cross_request_cache))
+                    repo = Repo(key, real)
                     self._repos[real] = repo
                 self._by_url[key] = real
             return repo

@@ -23,6 +23,7 @@ from protocol.oid import zero_oid
 from protocol.refs import HeadInfo, Ref
 
 from .commits import CommitSource
+from .fscache import DirCache
 from .fsops import FsOps
 from .negotiation import HaveTracker
 from .odb import ObjectSnapshot, ObjectStoreError, PackRegistry
@@ -52,7 +53,7 @@ class RequestContext:
     registry: PackRegistry
     agent: bytes
     allowed_root: str
-    cache: bool = True
+    dirs: DirCache = field(default_factory=lambda: DirCache(enabled=False))
     fs: FsOps = field(default_factory=FsOps)
     phases: dict[str, float] = field(default_factory=dict)
     _config: RepoConfig | None = None
@@ -66,7 +67,7 @@ class RequestContext:
     @property
     def config(self) -> RepoConfig:
         if self._config is None:
-            self._config = self.repo.config(self.fs, self.cache)
+            self._config = self.repo.config(self.fs, self.dirs)
         return self._config
 
     @property
@@ -84,7 +85,7 @@ class RequestContext:
     def odb(self) -> ObjectSnapshot:
         if self._odb is None:
             self._odb = ObjectSnapshot(self.repo.objects_dir, self.hash_len, self.registry,
-                                       self.fs, self.allowed_root)
+                                       self.fs, self.allowed_root, dirs=self.dirs)
         return self._odb
 
     @property
@@ -96,8 +97,8 @@ class RequestContext:
     @property
     def refs(self) -> RefSnapshot:
         if self._refs is None:
-            self._refs = read_ref_snapshot(self.repo.gitdir, self.fs, self.repo.ref_cache,
-                                           self.hash_len * 2, self._peel)
+            self._refs = read_ref_snapshot(self.repo.gitdir, self.fs, self.dirs,
+                                           self.repo.ref_cache, self.hash_len * 2, self._peel)
         return self._refs
 
     def _peel(self, oid_hex: bytes) -> bytes | None:
