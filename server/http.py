@@ -23,6 +23,7 @@ from protocol.errors import ClientError
 from protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
 from protocol.fetch_response import PACKFILE_HEADER, iter_shallow_info, iter_shallow_lines, iter_wanted_refs
 from protocol.ls_refs import parse_ls_refs_args
+from protocol.pktline import PktBuffer
 from protocol.object_info import parse_object_info_args
 from protocol.advertise import format_service_header
 
@@ -164,20 +165,25 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
         return web.Response(status=200, headers={
             **NO_CACHE, "Content-Type": f"application/x-{UPLOAD_PACK}-advertisement"})
     if version == 2:
-        payloads = await state.run(lambda: list(ctx.v2_capabilities()))
+        chunks = await state.run(lambda: _capabilities_body(ctx))
     else:
-        payloads = await state.run(lambda: list(ctx.v0_advertisement(version)))
+        header = [format_service_header(UPLOAD_PACK.encode())]
+        chunks = await state.run(lambda: ctx.encoded(
+            ("v0", version), lambda: ctx.v0_advertisement(version), header))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-advertisement")
     writer = PktWriter(resp)
-    if version < 2:
-        await writer.pkt(format_service_header(UPLOAD_PACK.encode()))
-        await writer.flush_pkt()
-    await writer.pkts(payloads)
-    await writer.flush_pkt()
-    await writer.drain()
+    await writer.chunks(chunks)
     ctx.timed("advertise", start)
     await resp.write_eof()
     return resp
+
+
+def _capabilities_body(ctx: RequestContext) -> list[bytes]:
+    buf = PktBuffer()
+    for payload in ctx.v2_capabilities():
+        buf.add(payload)
+    buf.add_flush()
+    return [buf.take()]
 
 
 async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str) -> web.StreamResponse:
@@ -258,8 +264,12 @@ async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContex
         return resp
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
-        payloads = await state.run(lambda: list(ctx.ls_refs(ls)))
-        return await _write_listing(request, payloads)
+        kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
+        chunks = await state.run(lambda: ctx.encoded(kind, lambda: ctx.ls_refs(ls)))
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        await PktWriter(resp).chunks(chunks)
+        await resp.write_eof()
+        return resp
     if cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         payloads = await state.run(ctx.object_info, oi)

@@ -42,7 +42,7 @@ class RefCache:
     """Cross-request ref state of one repository (shared by threads)."""
 
     packed: tuple[int, _PackedRefs] | None = None  # by packed-refs inode
-    snapshot: tuple[tuple[object, ...], RefSnapshot] | None = None
+    snapshots: dict[tuple[object, ...], RefSnapshot] = field(default_factory=dict)
     encoded: dict[tuple[object, ...], list[bytes]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +59,7 @@ class RefSnapshot:
     hex_len: int
     state: tuple[object, ...] = ()
     complete: bool = True  # False when only some ref prefixes were read
+    cacheable: bool = False  # every listing it came from was trusted (not racy)
 
     def visible(self, hide: Iterable[bytes]) -> tuple[HeadInfo | None, list[Ref]]:
         """HEAD (None when hidden) and the refs hideRefs leaves visible."""
@@ -218,16 +219,20 @@ def read_ref_snapshot(
     packed = reader.packed(packed_entry[1] if packed_entry else None)
     loose = reader.loose(prefixes)
     state = tuple(reader.state) + (tuple(prefixes),)
-    hit = cache.snapshot
-    if dirs.enabled and hit is not None and hit[0] == state:
-        return hit[1]
+    hit = cache.snapshots.get(state) if dirs.enabled else None
+    if hit is not None:
+        return hit
     head_entry = names.get("HEAD")
     head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), head_entry[1]) or b"").strip() \
         if head_entry else b""
     head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes)
-    snap = RefSnapshot(head, refs, hex_len, state, complete=not prefixes)
-    if dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state):
-        cache.snapshot = (state, snap)
+    trusted = dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state)
+    snap = RefSnapshot(head, refs, hex_len, state, complete=not prefixes, cacheable=trusted)
+    if trusted:
+        with cache.lock:
+            if len(cache.snapshots) >= 8:
+                cache.snapshots.clear()
+            cache.snapshots[state] = snap
     return snap
 
 

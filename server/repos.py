@@ -132,6 +132,10 @@ class Repo:
     def objects_dir(self) -> str:
         return os.path.join(self.gitdir, "objects")
 
+    def config_key(self) -> tuple[int, ...]:
+        """Identity of the config last read (its inode)."""
+        return self._config[0] if self._config is not None else (0,)
+
     def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
         """The repository config, re-read when the file is replaced (git rewrites it with
         a lock file and a rename, which gives it a new inode)."""

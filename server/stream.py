@@ -75,6 +75,12 @@ class PktWriter:
         for payload in payloads:
             await self.pkt(payload)
 
+    async def chunks(self, chunks: Iterable[bytes]) -> None:
+        """Already-framed chunks (each of 32 KiB or more but the last), one write each."""
+        await self.drain()
+        for chunk in chunks:
+            await self._send(chunk)
+
     async def flush_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(FLUSH_PKT))
 

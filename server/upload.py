@@ -8,7 +8,7 @@ plain values (payload lists, a :class:`FetchPlan`) for the async writer in ``htt
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from protocol.advertise import format_v0_capabilities, iter_v0_advertisement
@@ -20,6 +20,7 @@ from protocol.ls_refs import LsRefsRequest, iter_ls_refs
 from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 from protocol.object_info import ObjectInfoRequest, iter_object_info
 from protocol.oid import zero_oid
+from protocol.pktline import PktBuffer
 from protocol.refs import HeadInfo, Ref
 
 from .commits import CommitSource
@@ -156,10 +157,55 @@ class RequestContext:
         return iter_v2_capabilities(self.v2_features())
 
     def ls_refs(self, req: LsRefsRequest) -> Iterator[bytes]:
-        head, refs = self.visible()
         if req.unborn and self.config.unborn == "ignore":
             req = LsRefsRequest(req.peel, req.symrefs, False, req.prefixes)
+        snap = self.refs_with_prefixes(req.prefixes)
+        head, refs = snap.visible(self.config.hide_refs)
         return iter_ls_refs(req, head, refs)
+
+    def refs_with_prefixes(self, prefixes: Sequence[bytes]) -> RefSnapshot:
+        """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
+        without reading every ref directory."""
+        if not prefixes or self._refs is not None:
+            return self.refs
+        return read_ref_snapshot(self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache,
+                                 self.hash_len * 2, self._peel, prefixes)
+
+    def encoded(self, kind: tuple[object, ...], payloads: Callable[[], Iterable[bytes]],
+                preamble: Sequence[bytes] = ()) -> list[bytes]:
+        """The response body as 32 KiB chunks, kept per ref state and config: a repeated
+        advertisement of an unchanged repository costs its validation and its writes."""
+        _ = self.config  # read first: the key names the config this answer depends on
+        key = (kind, self.refs_state(kind), self.repo.config_key())
+        cache = self.repo.ref_cache
+        hit = cache.encoded.get(key) if self.dirs.enabled else None
+        if hit is not None:
+            return hit
+        buf = PktBuffer()
+        chunks: list[bytes] = []
+        for payload in preamble:
+            _keep(chunks, buf.add(payload))
+        if preamble:
+            _keep(chunks, buf.add_flush())
+        for payload in payloads():
+            _keep(chunks, buf.add(payload))
+        _keep(chunks, buf.add_flush())
+        _keep(chunks, buf.take())
+        if self.dirs.enabled and self.refs_cacheable(kind):
+            with cache.lock:
+                if len(cache.encoded) >= 8:
+                    cache.encoded.clear()
+                cache.encoded[key] = chunks
+        return chunks
+
+    def refs_state(self, kind: tuple[object, ...]) -> tuple[object, ...]:
+        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
+        snap = self.refs_with_prefixes(prefixes)  # type: ignore[arg-type]
+        return snap.state
+
+    def refs_cacheable(self, kind: tuple[object, ...]) -> bool:
+        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
+        return self.refs_with_prefixes(prefixes).cacheable  # type: ignore[arg-type]
 
     def object_info(self, req: ObjectInfoRequest) -> list[bytes]:
         oids = [bytes.fromhex(o.decode()) for o in req.oids]
@@ -186,6 +232,11 @@ class RequestContext:
         if head is not None and head.oid is not None:
             tips.add(bytes.fromhex(head.oid.decode()))
         return tips
+
+
+def _keep(chunks: list[bytes], chunk: bytes | None) -> None:
+    if chunk:
+        chunks.append(chunk)
 
 
 @dataclass
