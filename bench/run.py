@@ -1009,6 +1009,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick-dir", type=Path, default=QUICK_DIR,
                     help="where --quick builds/reuses its repositories (default %(default)s)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write samples and medians here")
+    ap.add_argument("--gitspout-rev", metavar="REV", default=None,
+                    help="serve with server/ and protocol/ of this git revision (default: a "
+                         "copy of the working tree taken at the start)")
     ap.add_argument("--tmp-dir", type=Path, default=None,
                     help="parent of the run's temporary directory (default $TMPDIR)")
     ap.add_argument("--keep-tmp", action="store_true",
@@ -1116,14 +1119,49 @@ def _sigint_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _make_sides(root: Path, gitspout_bin: Path, keep_logs: bool) -> dict[str, Side]:
+SERVER_PACKAGES = ("server", "protocol")
+
+
+def snapshot_gitspout(rev: str | None, dest: Path, gitspout_bin: Path) -> str:
+    """Freeze the gitspout code this run serves with: a copy of the working tree's
+    ``server/`` and ``protocol/`` (or of revision *rev*) in *dest*, used through
+    ``PYTHONPATH`` so edits made to the checkout while the benchmark runs (gitspout
+    is restarted for every case) cannot mix versions.  Returns a description."""
+    dest.mkdir(parents=True)
+    if rev is None:
+        for pkg in SERVER_PACKAGES:
+            shutil.copytree(REPO_TOP / pkg, dest / pkg,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        head = git_out(["-C", str(REPO_TOP), "rev-parse", "--short=12", "HEAD"])
+        dirty = git_out(["-C", str(REPO_TOP), "status", "--porcelain", "--",
+                         *SERVER_PACKAGES])
+        what = f"working tree at {head}" + (" with uncommitted changes" if dirty else "")
+    else:
+        commit = git_out(["-C", str(REPO_TOP), "rev-parse", "--verify", f"{rev}^{{commit}}"])
+        tar = run_git(["-C", str(REPO_TOP), "archive", "--format=tar", commit,
+                       *SERVER_PACKAGES]).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True, timeout=120)
+        what = f"revision {rev} = {commit[:12]}"
+    python = gitspout_bin.parent / "python"
+    probe = subprocess.run(
+        [str(python), "-c", "import server.cli, protocol; print(server.cli.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(dest)}, capture_output=True, text=True,
+        timeout=60, cwd=dest)
+    if probe.returncode != 0 or not probe.stdout.strip().startswith(str(dest)):
+        raise ServerError(f"gitspout snapshot in {dest} is not importable or not used: "
+                          f"{probe.stdout}{probe.stderr[-2000:]}")
+    return what
+
+
+def _make_sides(root: Path, gitspout_bin: Path, snapshot: Path,
+                keep_logs: bool) -> dict[str, Side]:
     """A (git-http-backend) and B (gitspout) serving *root*, probed on PROBE_REPO."""
     def a() -> BenchServer:
         return GitHttpBackend(root, name="bench-run-A", probe_repo=PROBE_REPO)
 
     def b() -> BenchServer:
         return Gitspout(root, name="bench-run-B", probe_repo=PROBE_REPO,
-                        gitspout_bin=gitspout_bin)
+                        gitspout_bin=gitspout_bin, env={"PYTHONPATH": str(snapshot)})
 
     return {"A": Side("A", "git-http-backend", a, keep_logs),
             "B": Side("B", "gitspout", b, keep_logs)}
@@ -1152,6 +1190,10 @@ def run(args: argparse.Namespace) -> int:
           f"{args.rounds} round(s); tmp {tmp}", flush=True)
     try:
         with _sigint_as_exit():
+            snapshot = tmp / "gitspout-src"
+            meta["gitspout_code"] = snapshot_gitspout(args.gitspout_rev, snapshot, gitspout_bin)
+            print(f"gitspout code: {meta['gitspout_code']} (frozen copy for this run)",
+                  flush=True)
             for name in args.root_sets:
                 rs = _resolve_root_set(name, args.quick_dir)
                 rtmp = tmp / rs.name
@@ -1159,7 +1201,7 @@ def run(args: argparse.Namespace) -> int:
                 _copy_root(rs, args.variant_list, rtmp / "root")
                 root = rtmp / "root"
                 _make_probe_repo(root)
-                sides = _make_sides(root, gitspout_bin, args.keep_tmp)
+                sides = _make_sides(root, gitspout_bin, snapshot, args.keep_tmp)
                 try:
                     for side in sides.values():
                         side.start()
