@@ -13,7 +13,7 @@ import uvloop
 from aiohttp import web
 
 from .config import Config, ConfigError, add_config_arguments, load_config
-from .http import RUNNER_KWARGS, ServerState, make_app
+from .http import RUNNER_KWARGS, ServerState, make_app, metrics_response
 
 __all__ = ["main", "serve"]
 
@@ -27,7 +27,11 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
     await site.start()
+    runners = [runner]
     port = runner.addresses[0][1] if runner.addresses else cfg.port
+    if cfg.metrics_port:
+        runners.append(await _metrics_site(state, cfg))
+        print(f"gitspout: metrics at http://{cfg.host}:{cfg.metrics_port}/metrics", flush=True)
     log.info("gitspout serving %s at http://%s:%s/", state.resolver.root, cfg.host, port)
     print(f"gitspout: serving {state.resolver.root} at http://{cfg.host}:{port}/", flush=True)
     stop = asyncio.Event()
@@ -39,7 +43,22 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()
+
+
+async def _metrics_site(state: ServerState, cfg: Config) -> web.AppRunner:
+    """A second listener that serves only /metrics (``--metrics-port``)."""
+    app = web.Application()
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return metrics_response(state)
+
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, cfg.host, cfg.metrics_port, reuse_address=True).start()
+    return runner
 
 
 def _parser() -> argparse.ArgumentParser:

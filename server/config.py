@@ -43,6 +43,12 @@ class Config:
         metadata={"help": "cache ref state across requests behind stat validation"},
     )
     agent: str = field(default="gitspout/0.1.0", metadata={"help": "agent= capability value"})
+    metrics_port: int = field(
+        default=0, metadata={"help": "serve /metrics on this port too (0: the serving port)"}
+    )
+    metrics_repos: str = field(
+        default="", metadata={"help": "comma-separated repositories that get a repo label"}
+    )
 
     def root_path(self) -> Path:
         return Path(self.root).resolve()

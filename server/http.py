@@ -29,12 +29,14 @@ from protocol.advertise import format_service_header
 
 from .config import Config
 from .fscache import DirCache
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics, RequestRecord
 from .odb import ObjectStoreError, PackRegistry
 from .repos import RepoNotFound, RepoResolver
 from .stream import PktWriter, pump_pack
 from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
 
-__all__ = ["ServerState", "make_app", "RUNNER_KWARGS"]
+__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
@@ -61,25 +63,36 @@ class ServerState:
     registry: PackRegistry
     executor: ThreadPoolExecutor
     dirs: DirCache
-    in_flight: int = 0
-    hooks: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    metrics: Metrics
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
-        return cls(
+        pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout")
+        repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
+        state = cls(
             cfg,
             RepoResolver(str(cfg.root_path()), cfg.cross_request_cache),
             PackRegistry(),
-            ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout"),
+            pool,
             DirCache(enabled=cfg.cross_request_cache),
+            Metrics(repos, pool),
         )
+        caches = state.metrics.caches.sources
+        caches["listings"] = state.dirs
+        caches["objects"] = state.registry.objects
+        caches["object_sets"] = state.registry.reach_cache
+        caches["advertisements"] = state.registry.encoded_stats
+        return state
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def context(self, repo: Any) -> RequestContext:
-        return RequestContext(repo, self.registry, self.cfg.agent.encode(),
-                              self.resolver.root, self.dirs)
+    def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
+        rec.repo = repo.url_path
+        ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(),
+                             self.resolver.root, self.dirs)
+        rec.context = ctx
+        return ctx
 
 
 class HttpError(Exception):
@@ -152,14 +165,19 @@ async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
     return resp
 
 
-async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str) -> web.StreamResponse:
+async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str,
+                           rec: RequestRecord) -> web.StreamResponse:
     service = request.query.get("service")
+    rec.command = "info-refs"
     if service == RECEIVE_PACK:
+        rec.service = RECEIVE_PACK
         return _text(403, READ_ONLY)
     if service != UPLOAD_PACK:
         return _text(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
-    ctx = state.context(state.resolver.resolve(repo_path))
+    rec.service = UPLOAD_PACK
+    ctx = state.context(state.resolver.resolve(repo_path), rec)
     version = _protocol_version(request)
+    rec.protocol = str(version)
     start = time.monotonic()
     if request.method == "HEAD":
         return web.Response(status=200, headers={
@@ -171,7 +189,7 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
         chunks = await state.run(lambda: ctx.encoded(
             ("v0", version), lambda: ctx.v0_advertisement(version), header))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-advertisement")
-    writer = PktWriter(resp)
+    writer = PktWriter(resp, record=rec)
     await writer.chunks(chunks)
     ctx.timed("advertise", start)
     await resp.write_eof()
@@ -186,40 +204,48 @@ def _capabilities_body(ctx: RequestContext) -> list[bytes]:
     return [buf.take()]
 
 
-async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str) -> web.StreamResponse:
+async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str,
+                             rec: RequestRecord) -> web.StreamResponse:
+    rec.service = UPLOAD_PACK
+    rec.protocol = str(_protocol_version(request))
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    ctx = state.context(state.resolver.resolve(repo_path))
+    ctx = state.context(state.resolver.resolve(repo_path), rec)
     body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
     if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
         raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
     if _protocol_version(request) == 2:
-        return await _serve_v2(state, request, ctx, body)
-    return await _serve_v0(state, request, ctx, body)
+        return await _serve_v2(state, request, ctx, body, rec)
+    rec.command = "fetch"
+    return await _serve_v0(state, request, ctx, body, rec)
 
 
-async def _refuse_in_protocol(request: web.Request, exc: ClientError) -> web.StreamResponse:
+async def _refuse_in_protocol(request: web.Request, exc: ClientError,
+                              rec: RequestRecord) -> web.StreamResponse:
     """A refusal the protocol has a place for: 200 with an ERR pkt-line (as C git does)."""
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp)
+    writer = PktWriter(resp, record=rec)
     await writer.error(exc.message, in_band=False)
     await resp.write_eof()
     return resp
 
 
-async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
+async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
+                    rec: RequestRecord) -> web.StreamResponse:
     fmt = await state.run(lambda: ctx.object_format)
     caps = V0_REQUEST_CAPS | await state.run(_v0_extra_caps, ctx)
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
+    _note_request(rec, req)
     try:
         plan = await state.run(plan_fetch, ctx, req) if req.wants else None
     except ClientError as exc:
         if exc.http_status != 200:
             raise
-        return await _refuse_in_protocol(request, exc)
+        return await _refuse_in_protocol(request, exc, rec)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, req.sideband)
+    writer = PktWriter(resp, req.sideband, record=rec)
+    rec.negotiation_round = plan is not None and not plan.send_pack
     if plan is not None:
         if plan.shallow.sent:
             await writer.pkts(iter_shallow_lines(
@@ -255,32 +281,43 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
     ctx.timed("send", start)
 
 
-async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes) -> web.StreamResponse:
+async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
+                    rec: RequestRecord) -> web.StreamResponse:
     features = await state.run(ctx.v2_features)
     cmd = await state.run(parse_command_request, body, features)
     if cmd is None:
         resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
         await resp.write_eof()
         return resp
+    rec.command = cmd.command.decode()
+    rec.agent = (cmd.agent or b"").decode("utf-8", "replace")
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
         kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
         chunks = await state.run(lambda: ctx.encoded(kind, lambda: ctx.ls_refs(ls)))
         resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-        await PktWriter(resp).chunks(chunks)
+        await PktWriter(resp, record=rec).chunks(chunks)
         await resp.write_eof()
         return resp
     if cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         payloads = await state.run(ctx.object_info, oi)
-        return await _write_listing(request, payloads)
+        return await _write_listing(request, payloads, rec)
     req = await state.run(parse_v2_fetch_args, cmd.args, features, ctx.hash_len * 2)
-    return await _serve_v2_fetch(state, request, ctx, req)
+    _note_request(rec, req)
+    return await _serve_v2_fetch(state, request, ctx, req, rec)
 
 
-async def _write_listing(request: web.Request, payloads: list[bytes]) -> web.StreamResponse:
+def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
+    rec.haves = len(req.haves)
+    if req.agent:
+        rec.agent = req.agent.decode("utf-8", "replace")
+
+
+async def _write_listing(request: web.Request, payloads: list[bytes],
+                         rec: RequestRecord) -> web.StreamResponse:
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp)
+    writer = PktWriter(resp, record=rec)
     await writer.pkts(payloads)
     await writer.flush_pkt()
     await writer.drain()
@@ -289,16 +326,17 @@ async def _write_listing(request: web.Request, payloads: list[bytes]) -> web.Str
 
 
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
-                          req: FetchRequest) -> web.StreamResponse:
+                          req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     try:
         plan = await state.run(plan_fetch, ctx, req)
     except ClientError as exc:
         if exc.http_status != 200:
             raise
-        return await _refuse_in_protocol(request, exc)
+        return await _refuse_in_protocol(request, exc, rec)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all)
+    writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
     answer = plan.v2
+    rec.negotiation_round = answer is not None and not answer.send_pack
     if answer is not None:
         if answer.ack_lines is not None:
             await writer.pkts(answer.ack_lines)
@@ -327,44 +365,79 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
 STATE_KEY = web.AppKey("state", ServerState)
 
 
-def make_app(state: ServerState) -> web.Application:
+def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     """The aiohttp application: one catch-all route, dispatched by path suffix."""
     app = web.Application(client_max_size=state.cfg.max_body)
     app[STATE_KEY] = state
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
-        repo_path, action = _split_path(request.path)
-        if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
-            return _text(404, "not found")
+        if request.path == "/metrics" and metrics_route:
+            return metrics_response(state)
+        rec = RequestRecord()
+        state.metrics.in_flight.inc()
+        resp: web.StreamResponse | None = None
         try:
-            if action == RECEIVE_PACK:
-                return _text(403, READ_ONLY)
-            if action == "info/refs" and request.method in ("GET", "HEAD"):
-                return await handle_info_refs(state, request, repo_path)
-            if action == UPLOAD_PACK and request.method == "POST":
-                return await handle_upload_pack(state, request, repo_path)
-            if action:
-                allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
-                resp = _text(405, f"method {request.method} not allowed here")
-                resp.headers["Allow"] = allow
-                return resp
-            return _text(404, "not found")
-        except ConnectionError:
-            # The client went away mid-response: end this connection quietly, the way
-            # aiohttp treats a premature disconnection (no 500, no traceback).
-            log.debug("client went away: %s %s", request.method, request.path)
-            raise asyncio.CancelledError() from None
-        except RepoNotFound:
-            state.resolver.forget(repo_path)
-            return _text(404, f"repository not found: /{repo_path}")
-        except HttpError as exc:
-            return _text(exc.status, exc.text)
-        except ClientError as exc:
-            return _text(exc.http_status if exc.http_status >= 400 else 400, exc.message)
+            resp = await _dispatch(state, request, rec)
+            return resp
+        finally:
+            state.metrics.in_flight.dec()
+            _finish(state, rec, resp)
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_shutdown.append(lambda _app: _shutdown(state))
     return app
+
+
+def metrics_response(state: ServerState) -> web.Response:
+    body = state.metrics.scrape()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | None) -> None:
+    rec.status = resp.status if resp is not None else 499  # 499: the client went away
+    if isinstance(resp, web.Response) and resp.body is not None and not rec.bytes:
+        rec.bytes = len(resp.body)  # type: ignore[arg-type]
+    ctx = rec.context
+    if ctx is not None:
+        rec.fs = dict(ctx.fs.counts)
+        rec.phases = dict(ctx.phases)
+        if ctx.pack_stats is not None:
+            rec.pack_stats = ctx.pack_stats
+            rec.objects = ctx.pack_stats.objects
+            rec.pack_source = ctx.pack_stats.kind
+    state.metrics.observe(rec)
+
+
+async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord) -> web.StreamResponse:
+    repo_path, action = _split_path(request.path)
+    if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
+        return _text(404, "not found")
+    try:
+        if action == RECEIVE_PACK:
+            rec.service = RECEIVE_PACK
+            return _text(403, READ_ONLY)
+        if action == "info/refs" and request.method in ("GET", "HEAD"):
+            return await handle_info_refs(state, request, repo_path, rec)
+        if action == UPLOAD_PACK and request.method == "POST":
+            return await handle_upload_pack(state, request, repo_path, rec)
+        if action:
+            allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
+            resp = _text(405, f"method {request.method} not allowed here")
+            resp.headers["Allow"] = allow
+            return resp
+        return _text(404, "not found")
+    except ConnectionError:
+        # The client went away mid-response: end this connection quietly, the way
+        # aiohttp treats a premature disconnection (no 500, no traceback).
+        log.debug("client went away: %s %s", request.method, request.path)
+        raise asyncio.CancelledError() from None
+    except RepoNotFound:
+        state.resolver.forget(repo_path)
+        return _text(404, f"repository not found: /{repo_path}")
+    except HttpError as exc:
+        return _text(exc.status, exc.text)
+    except ClientError as exc:
+        return _text(exc.http_status if exc.http_status >= 400 else 400, exc.message)
 
 
 async def _shutdown(state: ServerState) -> None:

@@ -57,6 +57,14 @@ class PackedLocation:
     offset: int
 
 
+class HitCounter:
+    """Hits and misses of a cache that keeps no statistics itself."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+
+
 class PackRegistry:
     """Every :class:`PackFile` this process has opened, by (path, idx inode, pack inode)."""
 
@@ -67,6 +75,7 @@ class PackRegistry:
         self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
         self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20)  # object sets of wants
         self.fanout_ids: dict[tuple[str, str], tuple[object, frozenset[bytes]]] = {}
+        self.encoded_stats = HitCounter()  # encoded advertisement / ls-refs answers
         self.opened = 0
 
     def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:

@@ -42,8 +42,10 @@ class PktWriter:
         sideband: Sideband = Sideband.NONE,
         sideband_all: bool = False,
         chunk_size: int = 32 * 1024,
+        record: Any = None,
     ) -> None:
         self.response = response
+        self.record = record
         self.sideband = sideband
         self.sideband_all = sideband_all
         self.buf = PktBuffer(chunk_size)
@@ -59,6 +61,9 @@ class PktWriter:
         self.writes += 1
         self.bytes += len(data)
         self.last_write = time.monotonic()
+        if self.record is not None:
+            self.record.writes += 1
+            self.record.bytes += len(data)
         await self.response.write(data)
 
     async def _maybe(self, chunk: bytes | None) -> None:

@@ -180,7 +180,9 @@ class RequestContext:
         cache = self.repo.ref_cache
         hit = cache.encoded.get(key) if self.dirs.enabled else None
         if hit is not None:
+            self.registry.encoded_stats.hits += 1
             return hit
+        self.registry.encoded_stats.misses += 1
         buf = PktBuffer()
         chunks: list[bytes] = []
         for payload in preamble:

@@ -1,0 +1,227 @@
+"""Prometheus metrics and the per-request JSON log line (observed at the edges of the
+request phases; nothing here reaches into protocol/).
+
+Every name starts with ``gitspout_``. Labels stay low-cardinality: service, protocol
+version, command, status, phase, source, cache and result. Repositories get a label only
+in ``gitspout_repo_requests_total`` and only when listed in ``--metrics-repos``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+__all__ = ["Metrics", "RequestRecord", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+access_log = logging.getLogger("gitspout.access")
+
+# From a 1 ms ref request to a 10-minute clone.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                    30, 60, 120, 300, 600, 1200)
+WRITE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
+HAVES_BUCKETS = (0, 1, 8, 32, 128, 256, 1024, 4096, 16384, 65536)
+
+
+@dataclass
+class RequestRecord:
+    """What one HTTP request did; filled in by the HTTP adapter as the request runs."""
+
+    service: str = "none"
+    protocol: str = "0"
+    command: str = "none"
+    repo: str = ""
+    agent: str = ""
+    status: int = 0
+    bytes: int = 0
+    writes: int = 0
+    objects: int = 0
+    haves: int = 0
+    negotiation_round: bool = False
+    pack_source: str = ""
+    pack_stats: Any = None
+    phases: dict[str, float] = field(default_factory=dict)
+    fs: dict[str, int] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    started: float = field(default_factory=time.monotonic)
+    context: Any = None  # the request's RequestContext, once there is one
+
+
+class _ProcIoCollector:
+    """Read and write syscalls of this process, from /proc/self/io."""
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        values = {}
+        try:
+            with open("/proc/self/io", "rb") as fh:
+                for line in fh:
+                    key, _, value = line.partition(b":")
+                    values[key.strip()] = int(value)
+        except OSError:
+            return
+        for key, name, doc in ((b"syscr", "read", "Read"), (b"syscw", "write", "Write")):
+            fam = CounterMetricFamily(f"gitspout_process_{name}_syscalls",
+                                      f"{doc} syscalls made by the process (/proc/self/io).")
+            fam.add_metric([], values.get(key, 0))
+            yield fam
+
+
+class _PoolCollector:
+    """Queue depth and size of the blocking-work thread pool."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        if self.pool is None:
+            return
+        q = GaugeMetricFamily("gitspout_thread_pool_queue_length",
+                              "Blocking work items waiting for a pool thread.")
+        q.add_metric([], self.pool._work_queue.qsize())
+        yield q
+        size = GaugeMetricFamily("gitspout_thread_pool_threads", "Threads of the pool.")
+        size.add_metric([], len(self.pool._threads))
+        yield size
+
+
+class _CacheCollector:
+    """Hits and misses of the process-wide caches, read at scrape time."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Any] = {}
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        fam = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
+                                  labels=["cache", "result"])
+        for name, obj in self.sources.items():
+            fam.add_metric([name, "hit"], getattr(obj, "hits", 0))
+            fam.add_metric([name, "miss"], getattr(obj, "misses", 0))
+        yield fam
+
+
+class Metrics:
+    """The registry and every metric of one server process."""
+
+    def __init__(self, repos_allowlist: Iterable[str] = (), pool: ThreadPoolExecutor | None = None) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        r.register(_ProcIoCollector())
+        self._pool = _PoolCollector(pool)
+        r.register(self._pool)
+        self.repos = frozenset(repos_allowlist)
+        labels = ["service", "protocol", "command"]
+        self.requests = Counter("gitspout_requests", "HTTP requests served.",
+                                labels + ["status"], registry=r)
+        self.duration = Histogram("gitspout_request_duration_seconds",
+                                  "Time from request start to the last byte.",
+                                  ["service", "command"], buckets=DURATION_BUCKETS, registry=r)
+        self.phase = Histogram("gitspout_phase_duration_seconds",
+                               "Time spent in each request phase.", ["phase"],
+                               buckets=DURATION_BUCKETS, registry=r)
+        self.in_flight = Gauge("gitspout_requests_in_flight", "Requests being served.",
+                               registry=r)
+        self.response_bytes = Counter("gitspout_response_bytes",
+                                      "Response body bytes written.", labels, registry=r)
+        self.writes = Histogram("gitspout_response_write_calls",
+                                "Transport writes per response.", ["command"],
+                                buckets=WRITE_BUCKETS, registry=r)
+        self.fs_ops = Counter("gitspout_fs_operations",
+                              "Filesystem operations by the ref and object layers.", ["kind"],
+                              registry=r)
+        self.rescans = Counter("gitspout_pack_dir_rescans",
+                               "Rescans of objects/pack after a true miss.", registry=r)
+        self.pack_objects = Counter("gitspout_pack_objects",
+                                    "Objects sent in packs, by how they were produced.",
+                                    ["source"], registry=r)
+        self.pack_bytes = Counter("gitspout_pack_bytes", "Pack bytes sent, by pack source.",
+                                  ["source"], registry=r)
+        self.rounds = Counter("gitspout_negotiation_rounds",
+                              "Fetch requests answered with acknowledgments only.", ["protocol"],
+                              registry=r)
+        self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
+                               buckets=HAVES_BUCKETS, registry=r)
+        self.caches = _CacheCollector()
+        r.register(self.caches)
+        self.repo_requests = Counter("gitspout_repo_requests",
+                                     "Requests per allow-listed repository.", ["repo", "command"],
+                                     registry=r)
+
+    def attach_pool(self, pool: ThreadPoolExecutor) -> None:
+        self._pool.pool = pool
+
+    def scrape(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe(self, rec: RequestRecord) -> None:
+        """Account one finished request."""
+        duration = time.monotonic() - rec.started
+        self.requests.labels(rec.service, rec.protocol, rec.command, str(rec.status)).inc()
+        self.duration.labels(rec.service, rec.command).observe(duration)
+        self.response_bytes.labels(rec.service, rec.protocol, rec.command).inc(rec.bytes)
+        if rec.writes:
+            self.writes.labels(rec.command).observe(rec.writes)
+        for phase, seconds in rec.phases.items():
+            self.phase.labels(phase).observe(seconds)
+        for kind, n in rec.fs.items():
+            if kind == "rescan":
+                self.rescans.inc(n)
+            else:
+                self.fs_ops.labels(kind).inc(n)
+        if rec.command == "fetch":
+            self.haves.observe(rec.haves)
+            if rec.negotiation_round:
+                self.rounds.labels(rec.protocol).inc()
+        st = rec.pack_stats
+        if st is not None:
+            whole = st.verbatim
+            self.pack_objects.labels("verbatim").inc(whole)
+            self.pack_objects.labels("reused").inc(max(0, st.reused - whole))
+            self.pack_objects.labels("generated").inc(st.generated)
+            self.pack_bytes.labels(st.kind or "none").inc(st.bytes)
+        if rec.repo in self.repos:
+            self.repo_requests.labels(rec.repo, rec.command).inc()
+        _log_request(rec, duration)
+
+
+def _log_request(rec: RequestRecord, duration: float) -> None:
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    line = {
+        "ts": round(time.time(), 3),
+        "request_id": rec.id,
+        "repo": rec.repo,
+        "service": rec.service,
+        "protocol": rec.protocol,
+        "command": rec.command,
+        "status": rec.status,
+        "bytes": rec.bytes,
+        "writes": rec.writes,
+        "objects": rec.objects,
+        "haves": rec.haves,
+        "pack_source": rec.pack_source,
+        "duration_ms": round(duration * 1000, 3),
+        "phases_ms": {k: round(v * 1000, 3) for k, v in rec.phases.items()},
+        "fs_ops": rec.fs,
+        "agent": rec.agent[:100],
+    }
+    access_log.info(json.dumps(line, separators=(",", ":")))
