@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -65,6 +66,7 @@ from bench.syscalls import (  # noqa: E402
     http_request,
     median,
     settle,
+    snapshot_gitspout,
     table,
 )
 
@@ -317,11 +319,16 @@ def report(results: dict[tuple[str, str, str], list[Result]], kinds: Sequence[st
 
 
 @contextlib.contextmanager
-def servers_for(kinds: Sequence[str], root: Path, place: str) -> Iterator[list[Side]]:
+def servers_for(kinds: Sequence[str], root: Path, place: str,
+                gitspout_env: dict[str, str]) -> Iterator[list[Side]]:
     started: list[Side] = []
     try:
         for k in kinds:
-            srv = make_server(k, root, name=f"{k}-nfs-{place}", probe_repo="small.git")
+            name = f"{k}-nfs-{place}"
+            if k == "gitspout":
+                srv = make_server(k, root, name=name, probe_repo="small.git", env=gitspout_env)
+            else:
+                srv = make_server(k, root, name=name, probe_repo="small.git")
             started.append(Side(k, place, srv.start()))
         yield started
     finally:
@@ -344,10 +351,13 @@ def main(argv: list[str] | None = None) -> int:
                          f"else {FALLBACK_MEDIUM})")
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
+    ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
+                    help="gitspout revision to measure (a frozen copy); 'worktree' for the "
+                         "working tree as it is at the start")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     sys.path.insert(0, str(REPO_TOP))
-    from tests.nfs.mount import LatencyMount, fuse_available
+    from tests.nfs.mount import fuse_available
 
     reason = fuse_available()
     if reason is not None:
@@ -365,27 +375,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fixture {fx.work} ({time.monotonic() - t0:.1f}s); medium = copy of {medium} "
           f"({objects.splitlines()[2]}), small.git = 20 commits", flush=True)
     sections = []
-    with tempfile.TemporaryDirectory(prefix="gitspout-nfs-") as tmp, \
-            servers_for(kinds, fx.src, "local") as local_sides:
-        runner = Runner(fx, Path(tmp), args.info_refs_reps)
-        for caching in args.caching.split(","):
-            timeout = CACHING[caching]
-            with LatencyMount(fx.src, delay_ms=args.delay_ms, attr_timeout=timeout,
-                              entry_timeout=timeout) as mount, \
-                    servers_for(kinds, mount.path, "mount") as mount_sides:
-                print(f"[{caching}] mount {mount.path} delay {args.delay_ms} ms, "
-                      f"attr/entry timeout {timeout} s", flush=True)
-                sides = [s for pair in zip(local_sides, mount_sides, strict=True) for s in pair]
-                results = runner.run(sides, args.rounds, mount, ops)
-            sections.append(
-                f"== {caching}: attr_timeout=entry_timeout={timeout:g} s, "
-                f"{args.delay_ms:g} ms per metadata request; medians of {args.rounds} "
-                f"alternating rounds, warm ==\n" + report(results, kinds, ops))
+    with tempfile.TemporaryDirectory(prefix="gitspout-nfs-") as tmp:
+        what, env = snapshot_gitspout(args.gitspout_rev, Path(tmp) / "gitspout-src")
+        print(f"gitspout code: {what}; git {git_out(['--version'])}; "
+              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        sections.append(f"gitspout {what}; medium.git = copy of {medium}")
+        with servers_for(kinds, fx.src, "local", env) as local_sides:
+            run_mounts(args, fx, kinds, ops, Path(tmp), local_sides, env, sections)
+        sections.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print()
     print(f"git-http-backend in the issue (noac, 1 ms): clone {ISSUE_CGIT['clone']}x, "
           f"fetch {ISSUE_CGIT['fetch']}x, info/refs {ISSUE_CGIT['info/refs v0']}x")
     print("\n\n".join(sections))
     return 0
+
+
+def run_mounts(args: argparse.Namespace, fx: NfsFixture, kinds: Sequence[str],
+               ops: Sequence[str], scratch: Path, local_sides: list[Side],
+               env: dict[str, str], sections: list[str]) -> None:
+    """One mount per ``--caching`` mode, its servers, the rounds, a report section each."""
+    from tests.nfs.mount import LatencyMount
+
+    runner = Runner(fx, scratch, args.info_refs_reps)
+    for caching in args.caching.split(","):
+        timeout = CACHING[caching]
+        with LatencyMount(fx.src, delay_ms=args.delay_ms, attr_timeout=timeout,
+                          entry_timeout=timeout) as mount, \
+                servers_for(kinds, mount.path, "mount", env) as mount_sides:
+            print(f"[{caching}] mount {mount.path} delay {args.delay_ms} ms, "
+                  f"attr/entry timeout {timeout} s", flush=True)
+            sides = [s for pair in zip(local_sides, mount_sides, strict=True) for s in pair]
+            results = runner.run(sides, args.rounds, mount, ops)
+        sections.append(
+            f"== {caching}: attr_timeout=entry_timeout={timeout:g} s, "
+            f"{args.delay_ms:g} ms per metadata request; medians of {args.rounds} "
+            f"alternating rounds, warm ==\n" + report(results, kinds, ops))
 
 
 if __name__ == "__main__":

@@ -62,10 +62,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.client import client_env, git_out, run_git  # noqa: E402
-from bench.peer import BenchServer, make_server  # noqa: E402
+from bench.peer import BenchServer, find_gitspout_bin, make_server  # noqa: E402
 from bench.process import LOOPBACK, exit_on_sigterm  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
+REPO_TOP = BENCH_DIR.parent
 WORK = BENCH_DIR / "work" / "syscalls"
 
 METADATA_SYSCALLS = ("openat", "open", "stat", "lstat", "fstat", "newfstatat", "statx",
@@ -175,6 +176,40 @@ def count_http_requests(trace_file: Path) -> int:
     """HTTP requests in a ``GIT_TRACE_CURL`` file."""
     text = trace_file.read_text(errors="replace") if trace_file.exists() else ""
     return len(_REQUEST_RE.findall(text))
+
+
+SERVER_PACKAGES = ("server", "protocol")
+
+
+def snapshot_gitspout(rev: str, dest: Path) -> tuple[str, dict[str, str]]:
+    """Freeze the gitspout code to measure: ``server/`` and ``protocol/`` of
+    revision *rev* (``worktree``: the working tree as it is now) copied to
+    *dest*, so edits made to the checkout during a run cannot mix versions.
+    Returns a description and the environment that makes the venv's
+    ``gitspout`` import the copy."""
+    dest.mkdir(parents=True)
+    if rev == "worktree":
+        for pkg in SERVER_PACKAGES:
+            shutil.copytree(REPO_TOP / pkg, dest / pkg,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        head = git_out(["-C", str(REPO_TOP), "rev-parse", "--short=12", "HEAD"])
+        dirty = git_out(["-C", str(REPO_TOP), "status", "--porcelain", "--", *SERVER_PACKAGES])
+        what = f"working tree at {head}" + (" with uncommitted changes" if dirty else "")
+    else:
+        commit = git_out(["-C", str(REPO_TOP), "rev-parse", "--verify", f"{rev}^{{commit}}"])
+        tar = run_git(["-C", str(REPO_TOP), "archive", "--format=tar", commit,
+                       *SERVER_PACKAGES]).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True, timeout=120)
+        what = f"revision {rev} = {commit[:12]}"
+    env = {"PYTHONPATH": str(dest)}
+    probe = subprocess.run(
+        [str(find_gitspout_bin().parent / "python"), "-c",
+         "import server.cli; print(server.cli.__file__)"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60, cwd=dest)
+    if not probe.stdout.strip().startswith(str(dest)):
+        raise RuntimeError(f"gitspout snapshot in {dest} is not the code imported: "
+                           f"{probe.stdout}{probe.stderr[-2000:]}")
+    return what, env
 
 
 # ---------------------------------------------------------------------------
@@ -643,11 +678,16 @@ def cpu_table(rows: list[CpuRow], servers: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def started(kinds: Sequence[str], root: Path) -> Iterator[dict[str, BenchServer]]:
+def started(kinds: Sequence[str], root: Path,
+            gitspout_env: dict[str, str]) -> Iterator[dict[str, BenchServer]]:
     servers: dict[str, BenchServer] = {}
     try:
         for k in kinds:
-            servers[k] = make_server(k, root, probe_repo="base.git").start()
+            if k == "gitspout":
+                srv = make_server(k, root, probe_repo="base.git", env=gitspout_env)
+            else:
+                srv = make_server(k, root, probe_repo="base.git")
+            servers[k] = srv.start()
         yield servers
     finally:
         for srv in servers.values():
@@ -666,39 +706,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
     ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu")
+    ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
+                    help="gitspout revision to measure (a frozen copy); 'worktree' for the "
+                         "working tree as it is at the start")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     if os.geteuid() != 0:
         print("needs root (cgroups, strace attach)", file=sys.stderr)
         return 2
     kinds = [s for s in args.servers.split(",") if s]
-    skip = set(filter(None, args.skip.split(",")))
     t0 = time.monotonic()
     fx = build_fixture(args.work, [int(x) for x in args.unknown.split(",")], args.refs,
                        args.force)
     print(f"fixture {fx.work} ready in {time.monotonic() - t0:.1f}s", flush=True)
     out: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="gitspout-syscalls-") as tmp, \
-            started(kinds, fx.root) as servers:
-        scratch = Path(tmp)
-        if "metadata" not in skip:
-            rows = measure_metadata(servers, fx, [int(p) for p in args.protocols.split(",")],
-                                    scratch)
-            out.append("== Metadata syscalls of one fetch (strace -f -c on every server "
-                       "process; warm: one identical fetch first) ==\n"
-                       + metadata_tables(rows))
-        if "writes" not in skip:
-            wrows = measure_writes(servers, fx, scratch)
-            out.append(f"== Write syscalls, {fx.refs:,}-ref repository (warm: one identical "
-                       "request first; bound applies to gitspout) ==\n" + write_table(wrows))
-        if "cpu" not in skip:
-            crows = measure_cpu(servers, fx, args.rounds)
-            out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
-                       f"repository, median of {args.rounds} alternating rounds, warm, "
-                       "no strace ==\n" + cpu_table(crows, kinds))
+    with tempfile.TemporaryDirectory(prefix="gitspout-syscalls-") as tmp:
+        what, env = snapshot_gitspout(args.gitspout_rev, Path(tmp) / "gitspout-src")
+        print(f"gitspout code: {what}; git {git_out(['--version'])}; "
+              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        out.append(f"gitspout {what}")
+        with started(kinds, fx.root, env) as servers:
+            measure_all(args, fx, kinds, servers, Path(tmp), out)
+        out.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print()
     print("\n\n".join(out))
     return 0
+
+
+def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
+                servers: dict[str, BenchServer], scratch: Path, out: list[str]) -> None:
+    """The three measurements of ``main`` (minus ``--skip``), appending tables to *out*."""
+    skip = set(filter(None, args.skip.split(",")))
+    if "metadata" not in skip:
+        rows = measure_metadata(servers, fx, [int(p) for p in args.protocols.split(",")],
+                                scratch)
+        out.append("== Metadata syscalls of one fetch (strace -f -c on every server "
+                   "process; warm: one identical fetch first) ==\n" + metadata_tables(rows))
+    if "writes" not in skip:
+        wrows = measure_writes(servers, fx, scratch)
+        out.append(f"== Write syscalls, {fx.refs:,}-ref repository (warm: one identical "
+                   "request first; bound applies to gitspout) ==\n" + write_table(wrows))
+    if "cpu" not in skip:
+        crows = measure_cpu(servers, fx, args.rounds)
+        out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
+                   f"repository, median of {args.rounds} alternating rounds, warm, "
+                   "no strace ==\n" + cpu_table(crows, kinds))
 
 
 if __name__ == "__main__":
