@@ -4,7 +4,6 @@ whose output is kept (the JSON access log) and whose counters no other test touc
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +15,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from gitutil import Committer, Git  # noqa: E402
-from obsutil import CapturedServer, start_captured  # noqa: E402
-
-REPO = "obs.git"
+from obsutil import REPO, CapturedServer, make_root, start_captured  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -47,13 +44,6 @@ def obs_template(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
     return bare
 
 
-def make_root(root: Path, template: Path) -> Path:
-    """A served root: obs.git and other.git (a copy, which --metrics-repos leaves out)."""
-    shutil.copytree(template, root / REPO, symlinks=True)
-    shutil.copytree(template, root / "other.git", symlinks=True)
-    return root
-
-
 @pytest.fixture
 def obs_root(tmp_path: Path, obs_template: Path) -> Path:
     """A served root of this test's own."""
@@ -73,13 +63,3 @@ def start_server() -> Iterator[Callable[..., CapturedServer]]:
     yield start
     for srv in started:
         srv.stop()
-
-
-def push_commit(git: Git, served_repo: Path, work: Path, name: str) -> str:
-    """Add one commit to the served repository's main (through a scratch clone)."""
-    if not work.exists():
-        git.run("clone", "-q", "--no-local", str(served_repo), str(work))
-    c = Committer(git, work, start=1_695_000_000 + len(name))
-    oid = c.commit({f"new/{name}.txt": f"{name}\n" * 20}, f"add {name}")
-    git.run("push", "-q", "origin", "main", cwd=work)
-    return oid

@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,10 +21,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitutil import REPO_ROOT
+from gitutil import REPO_ROOT, Committer, Git
 from prometheus_client.parser import text_string_to_metric_families
 
 HTTP_TIMEOUT = 10.0
+REPO = "obs.git"  # the served repository the tests use (conftest.obs_template)
+
+
+# -- served roots --------------------------------------------------------------------------
+
+def make_root(root: Path, template: Path) -> Path:
+    """A served root: obs.git and other.git (a copy, which --metrics-repos leaves out)."""
+    shutil.copytree(template, root / REPO, symlinks=True)
+    shutil.copytree(template, root / "other.git", symlinks=True)
+    return root
+
+
+def push_commit(git: Git, served_repo: Path, work: Path, name: str) -> str:
+    """Add one commit to the served repository's main (through a scratch clone)."""
+    if not work.exists():
+        git.run("clone", "-q", "--no-local", str(served_repo), str(work))
+    c = Committer(git, work, start=1_695_000_000 + len(name))
+    oid = c.commit({f"new/{name}.txt": f"{name}\n" * 20}, f"add {name}")
+    git.run("push", "-q", "origin", "main", cwd=work)
+    return oid
 
 
 # -- a live gitspout whose stdout and stderr are kept ------------------------------------------

@@ -12,17 +12,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import REPO, make_root, push_commit
 from gitutil import Git
 from obsutil import (
+    REPO,
     CountingProxy,
     check_name,
     dashboard_exprs,
     delta,
     free_port,
     label_values_metric,
+    make_root,
     metric_names,
     object_count,
+    push_commit,
     scrape,
     start_captured,
     total,
