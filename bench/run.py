@@ -455,11 +455,17 @@ class Sample:
     def ok(self) -> bool:
         return self.error is None
 
+    def error_summary(self) -> str:
+        """The telling line of the error (git's ``fatal:``/``error:`` line if any)."""
+        lines = [ln.strip() for ln in (self.error or "").splitlines() if ln.strip()]
+        key = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), None)
+        return (f"{lines[0].split(':')[0]}: {key}" if key else lines[0] if lines else "")[:300]
+
     def line(self) -> str:
         """Progress line."""
         tag = "B cold" if self.cold else f"{self.server} r{self.run}"
         if self.error:
-            return f"    {tag:7} ERROR {self.error.splitlines()[0][:200]}"
+            return f"    {tag:7} ERROR {self.error_summary()}"
         rss = f"{self.peak_rss_bytes / MB:.0f} MB" if self.peak_rss_bytes else "-"
         return (f"    {tag:7} cpu {self.cpu_ns / 1e6:8.0f} ms  wall {self.wall_s:7.2f} s  "
                 f"bytes {human_bytes(self.bytes_down):>9}  peak rss {rss:>6} "
@@ -949,7 +955,14 @@ class Target:
 
     @property
     def verdict(self) -> str:
-        values = [v for _, v, _ in self.instances]
+        return self._verdict([v for _, v, _ in self.instances])
+
+    @property
+    def cold_verdict(self) -> str | None:
+        colds = [c for _, _, c in self.instances]
+        return None if all(c is None for c in colds) else self._verdict(colds)
+
+    def _verdict(self, values: list[float | None]) -> str:
         if not values or any(v is None for v in values):
             return "N/A"
         return "PASS" if all(v <= self.limit for v in values if v is not None) else "MISS"
@@ -960,7 +973,9 @@ class Target:
         parts = [f"{label} {fmt(v)}" + (f" (cold {fmt(c)})" if c is not None else "")
                  for label, v, c in self.instances]
         lim = f"<={self.limit:.2f}x" if self.unit == "x" else f"<={self.limit:.0f} MB"
-        return f"{self.verdict:4} {self.name} {lim}: " + ("; ".join(parts) or "not measured")
+        cold = f" [cold: {self.cold_verdict}]" if self.cold_verdict else ""
+        return (f"{self.verdict:4} {self.name} {lim}{cold}: "
+                + ("; ".join(parts) or "not measured"))
 
 
 def targets(rows: list[Row], root_sets: list[str]) -> list[Target]:
@@ -1235,7 +1250,7 @@ def run(args: argparse.Namespace) -> int:
                 "samples": [asdict(s) for s in samples],
                 "medians": [asdict(r) for r in rows],
                 "targets": [{"name": t.name, "limit": t.limit, "unit": t.unit,
-                             "verdict": t.verdict,
+                             "verdict": t.verdict, "cold_verdict": t.cold_verdict,
                              "instances": [{"what": w, "median": v, "cold": c}
                                            for w, v, c in t.instances]} for t in tgts],
                 "log_problems": problems}
@@ -1251,6 +1266,9 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
            problems: dict[str, dict[str, int]], seconds: float, args: argparse.Namespace
            ) -> None:
     """Print the final tables, target verdicts and anything odd."""
+    if not samples:
+        print("\nno runs were measured")
+        return
     print("\n=== Results: A = git-http-backend (nginx+fcgiwrap), B = gitspout ===")
     print(f"medians over {args.rounds} alternating round(s) A B; B medians are WARM runs "
           "(gitspout's cross-request cache filled by the cold run)")
@@ -1262,14 +1280,16 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
     print(main_table(rows))
     print("\n--- gitspout cold (first request after restart) vs. git-http-backend median ---")
     print(cold_table(rows))
-    print("\n--- targets (on medians; cold ratios in parentheses) ---")
+    print("\n--- targets: verdict on the medians (warm for B); [cold: verdict] and (cold x) "
+          "use B's cold run against A's median ---")
     for t in tgts:
         print(t.line())
     failed = [s for s in samples if not s.ok]
     if failed:
-        print(f"\n--- {len(failed)} failed run(s) ---")
+        print(f"\n--- {len(failed)} failed run(s) (full errors in the JSON) ---")
         for s in failed:
-            print(f"{s.repo} {s.variant} {s.case} {s.server} run {s.run}: {s.error}")
+            print(f"{s.repo} {s.variant} {s.case} {s.server} ({s.impl}) "
+                  f"{'cold' if s.cold else f'run {s.run}'}: {s.error_summary()}")
     unsettled = [s for s in samples if not s.settled]
     if unsettled:
         print(f"\nnote: {len(unsettled)} run(s) where server processes outlived the client by "
