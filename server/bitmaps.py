@@ -136,6 +136,8 @@ class PackBitmaps:
             assert base is not None
             value ^= base
         with self._lock:
+            if len(self._decoded) >= 64:  # ~100 KB each for a million objects
+                self._decoded.pop(next(iter(self._decoded)))
             self._decoded[rank] = value
         return value
 

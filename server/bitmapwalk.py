@@ -9,6 +9,7 @@ an "extra" set, like git's extended bitmap index.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from binascii import a2b_hex
 from collections.abc import Iterable
 
@@ -155,16 +156,26 @@ class BitmapIndex:
         return reach
 
     def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[tuple[bytes, bytes | None]]:
-        """OR in bitmaps where they exist; walk the rest.
+        """OR in bitmaps where they exist; walk the rest, newest first.
 
-        Returns (tree, first parent's tree) pairs still to walk: the parent is part of the
-        same closure, so entries the two trees share need no lookup at all.
+        Roots with bitmaps go first, then a date-ordered walk: recent history reaches a
+        bitmapped commit within a few steps and its closure covers the older roots (old
+        tags), which are then skipped instead of walked. Returns (tree, first parent's
+        tree) pairs still to walk: the parent is part of the same closure, so entries the
+        two trees share need no lookup at all.
         """
-        stack = list(start)
-        trees: list[tuple[bytes, bytes | None]] = []
         bm = self.bm
-        while stack:
-            oid = stack.pop()
+        heap: list[tuple[int, bytes]] = []
+        for oid in start:
+            rank = self.rank(oid)
+            closure = bm.bitmap_for(rank) if rank is not None else None
+            if closure is not None:
+                reach.bits = reach.bits | closure
+            else:
+                heapq.heappush(heap, (-self.src.commit(oid).time, oid))
+        trees: list[tuple[bytes, bytes | None]] = []
+        while heap:
+            _, oid = heapq.heappop(heap)
             seen, rank = self._has(reach, oid)
             if seen:
                 continue
@@ -177,7 +188,8 @@ class BitmapIndex:
             info = self.src.commit(oid)
             base = self.src.commit(info.parents[0]).tree if info.parents else None
             trees.append((info.tree, base))
-            stack.extend(info.parents)
+            for parent in info.parents:
+                heapq.heappush(heap, (-self.src.commit(parent).time, parent))
         return trees
 
     def _walk_trees(self, reach: Reach, roots: list[tuple[bytes, bytes | None]]) -> None:

@@ -7,6 +7,7 @@ are parsed with dulwich's compiled ``parse_tree``.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from binascii import a2b_hex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -90,16 +91,16 @@ class CommitSource:
         self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits: dict[bytes, CommitInfo] = {}
-        self._trees: dict[bytes, list[tuple[bytes, int, bytes]]] = {}
+        self._trees: OrderedDict[bytes, list[tuple[bytes, int, bytes]]] = OrderedDict()
         self.reads = 0
 
     def commit(self, oid: bytes) -> CommitInfo:
-        info = self._commits.get(oid)
-        if info is None and self.graph is not None:
+        if self.graph is not None:
+            # The commit-graph answers from a mapped file: no need to keep a copy.
             entry = self.graph.entry(oid)
             if entry is not None:
-                info = CommitInfo(entry[0], entry[1], entry[2])
-                self._commits[oid] = info
+                return CommitInfo(entry[0], entry[1], entry[2])
+        info = self._commits.get(oid)
         if info is None:
             type_num, data = self.odb.read(oid)
             self.reads += 1
@@ -130,13 +131,15 @@ class CommitSource:
     def tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
         """Raw entries (name, mode, hex id) as dulwich's parser gives them (cached per
         request: a walk that diffs each tree against its parent's meets most trees twice)."""
-        hit = self._trees.get(oid)
+        trees = self._trees
+        hit = trees.get(oid)
         if hit is not None:
+            trees.move_to_end(oid)
             return hit
         entries = self._parse_tree_hex(oid)
-        if len(self._trees) >= 65536:
-            self._trees.clear()
-        self._trees[oid] = entries
+        trees[oid] = entries
+        if len(trees) > 64:
+            trees.popitem(last=False)
         return entries
 
     def _parse_tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:

@@ -85,7 +85,12 @@ class ServerState:
         return state
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        pool = self.metrics._pool
+        pool.busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            pool.busy -= 1
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
@@ -278,6 +283,9 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
     except (ObjectStoreError, OSError) as exc:
         log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
         await writer.error(f"upload-pack: {exc}", in_band=True)
+    except Exception:  # a bug: the client still gets a clear in-band error, never a cut
+        log.exception("pack failed for %s", ctx.repo.url_path)
+        await writer.error("upload-pack: internal error while producing the pack", in_band=True)
     ctx.timed("send", start)
 
 
@@ -294,9 +302,11 @@ async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContex
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
         kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
+        start = time.monotonic()
         chunks = await state.run(lambda: ctx.encoded(kind, lambda: ctx.ls_refs(ls)))
         resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
         await PktWriter(resp, record=rec).chunks(chunks)
+        ctx.timed("advertise", start)
         await resp.write_eof()
         return resp
     if cmd.command == b"object-info":
@@ -373,15 +383,19 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         if request.path == "/metrics" and metrics_route:
             return metrics_response(state)
-        rec = RequestRecord()
+        rec = RequestRecord(agent=request.headers.get("User-Agent", "")[:100])
         state.metrics.in_flight.inc()
         resp: web.StreamResponse | None = None
+        status = 500  # a bug escaped the handler: aiohttp answers 500
         try:
             resp = await _dispatch(state, request, rec)
             return resp
+        except (asyncio.CancelledError, ConnectionError):
+            status = 499  # the client went away
+            raise
         finally:
             state.metrics.in_flight.dec()
-            _finish(state, rec, resp)
+            _finish(state, rec, resp, status)
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_shutdown.append(lambda _app: _shutdown(state))
@@ -393,8 +407,9 @@ def metrics_response(state: ServerState) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
-def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | None) -> None:
-    rec.status = resp.status if resp is not None else 499  # 499: the client went away
+def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | None,
+            status: int) -> None:
+    rec.status = resp.status if resp is not None else status
     if isinstance(resp, web.Response) and resp.body is not None and not rec.bytes:
         rec.bytes = len(resp.body)  # type: ignore[arg-type]
     ctx = rec.context

@@ -85,21 +85,29 @@ class _ProcIoCollector:
 
 
 class _PoolCollector:
-    """Queue depth and size of the blocking-work thread pool."""
+    """Size, busy threads and queue of the blocking-work thread pool."""
 
     def __init__(self, pool: ThreadPoolExecutor | None) -> None:
         self.pool = pool
+        self.busy = 0  # maintained by the server around each submitted call
+        self.submitted = 0
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         if self.pool is None:
             return
-        q = GaugeMetricFamily("gitspout_thread_pool_queue_length",
-                              "Blocking work items waiting for a pool thread.")
-        q.add_metric([], self.pool._work_queue.qsize())
-        yield q
-        size = GaugeMetricFamily("gitspout_thread_pool_threads", "Threads of the pool.")
-        size.add_metric([], len(self.pool._threads))
-        yield size
+        size = self.pool._max_workers
+        busy = min(self.busy, size)
+        for name, doc, value in (
+            ("gitspout_thread_pool_size", "Configured threads of the pool.", size),
+            ("gitspout_thread_pool_busy", "Pool threads running blocking work.", busy),
+            ("gitspout_thread_pool_queue_length", "Work items waiting for a pool thread.",
+             max(0, self.busy - size)),
+            ("gitspout_thread_pool_threads", "Pool threads started so far.",
+             len(self.pool._threads)),
+        ):
+            fam = GaugeMetricFamily(name, doc)
+            fam.add_metric([], value)
+            yield fam
 
 
 class _CacheCollector:
@@ -153,11 +161,16 @@ class Metrics:
         self.pack_objects = Counter("gitspout_pack_objects",
                                     "Objects sent in packs, by how they were produced.",
                                     ["source"], registry=r)
-        self.pack_bytes = Counter("gitspout_pack_bytes", "Pack bytes sent, by pack source.",
+        self.pack_bytes = Counter("gitspout_pack_bytes",
+                                  "Pack entry bytes sent, by how they were produced.",
                                   ["source"], registry=r)
         self.rounds = Counter("gitspout_negotiation_rounds",
                               "Fetch requests answered with acknowledgments only.", ["protocol"],
                               registry=r)
+        for version in ("0", "1", "2"):
+            self.rounds.labels(version)
+        for source in ("verbatim", "reused", "generated"):
+            self.pack_bytes.labels(source)
         self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
                                buckets=HAVES_BUCKETS, registry=r)
         self.caches = _CacheCollector()
@@ -197,7 +210,11 @@ class Metrics:
             self.pack_objects.labels("verbatim").inc(whole)
             self.pack_objects.labels("reused").inc(max(0, st.reused - whole))
             self.pack_objects.labels("generated").inc(st.generated)
-            self.pack_bytes.labels(st.kind or "none").inc(st.bytes)
+            if whole:
+                self.pack_bytes.labels("verbatim").inc(st.bytes)
+            else:
+                self.pack_bytes.labels("reused").inc(st.reused_bytes)
+                self.pack_bytes.labels("generated").inc(st.generated_bytes)
         if rec.repo in self.repos:
             self.repo_requests.labels(rec.repo, rec.command).inc()
         _log_request(rec, duration)

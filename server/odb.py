@@ -68,7 +68,7 @@ class HitCounter:
 class PackRegistry:
     """Every :class:`PackFile` this process has opened, by (path, idx inode, pack inode)."""
 
-    def __init__(self, cache_budget: int = 32 << 20) -> None:
+    def __init__(self, cache_budget: int = 16 << 20) -> None:
         self._packs: dict[tuple[object, ...], PackFile] = {}
         self._lock = threading.Lock()
         self.objects = ByteLRU[tuple[int, bytes]](cache_budget)
@@ -374,9 +374,16 @@ class ObjectSnapshot:
             return hdr.type_num, hdr.size
         # The target size is the second varint of the delta; its type is the base's.
         d = zlib.decompressobj()
-        head = d.decompress(pack.read_raw(hdr.data_offset, hdr.data_offset + 64), 32)
-        _, pos = _varint(head, 0)
-        size, _ = _varint(head, pos)
+        head = b""
+        pos = hdr.data_offset
+        while len(head) < 20 and not d.eof:
+            data = pack.read_raw(pos, pos + 256)
+            if not data:
+                raise ObjectStoreError(f"{pack.name}: truncated delta at {hdr.data_offset}")
+            pos += len(data)
+            head += d.decompress(data, 32 - len(head))
+        _, at = _varint(head, 0)
+        size, _ = _varint(head, at)
         base_type = self._base_type(pack, hdr)
         return base_type, size
 

@@ -43,7 +43,7 @@ __all__ = [
     "ThinCheck",
 ]
 
-CHUNK = 1 << 20  # pack bytes handed to the writer per step
+CHUNK = 512 << 10  # pack bytes handed to the writer per step
 READ_WINDOW = 4 << 20  # bytes read from a pack file per pread when copying runs
 
 
@@ -67,6 +67,8 @@ class PackStats:
     bytes: int = 0
     pack_reused: int = 0
     kind: str = ""
+    reused_bytes: int = 0  # entries copied from packs (verbatim sources count as reused)
+    generated_bytes: int = 0  # entries compressed here
 
     def total_line(self) -> bytes:
         return (
@@ -103,6 +105,7 @@ class WholePackSource:
                 raise OSError(f"{self.pack.name}: pack file shrank while being sent")
             pos += len(data)
             self.stats.bytes += len(data)
+            self.stats.reused_bytes += len(data)
             yield data
         yield Progress(self.stats.total_line())
 
@@ -295,6 +298,7 @@ class ReusePackSource:
         plan.runs.append((first, stop, out.offset))
         deltas = sum(1 for r in range(first, stop) if bases[r] != r)
         self.stats.reused += stop - first
+        self.stats.reused_bytes += offs[stop] - offs[first]
         self.stats.reused_deltas += deltas
         self.stats.deltas += deltas
         pos, end = offs[first], offs[stop]
@@ -325,8 +329,10 @@ class ReusePackSource:
             base_rank = plan.rank_of(base_oid)
         base_at = self._written_before(plan, base_rank, base_oid, rank)
         plan.single[rank] = out.offset
+        before = out.offset
         if base_at is not None:
             self._emit_delta(out, hdr.size, base_at, base_oid, body)
+            self.stats.reused_bytes += out.offset - before
         elif (rank < base_rank and plan.selected[base_rank]) or (
             self.thin is not None and self.thin(pack, base_rank, base_oid)
         ):
@@ -335,6 +341,7 @@ class ReusePackSource:
             out.write(encode_entry_header(REF_DELTA, hdr.size, base_oid))
             out.write(body)
             self._count_delta()
+            self.stats.reused_bytes += out.offset - before
         else:
             del plan.single[rank]
             self._write_whole(pack.oid_at(pack.pack_order[rank]), out)
@@ -363,12 +370,12 @@ class ReusePackSource:
         at the same path in the parent commit when that base is sent before it or the
         client has it (a thin pack), else whole."""
         type_num, data = self.odb.read(oid)
-        self._written[oid] = out.offset
+        start = self._written[oid] = out.offset
         self.stats.generated += 1
-        if self._write_new_delta(oid, type_num, data, out):
-            return
-        out.write(encode_entry_header(type_num, len(data)))
-        out.write(zlib.compress(data, self.compression))
+        if not self._write_new_delta(oid, type_num, data, out):
+            out.write(encode_entry_header(type_num, len(data)))
+            out.write(zlib.compress(data, self.compression))
+        self.stats.generated_bytes += out.offset - start
 
     def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out) -> bool:
         base = self.hints.get(oid)

@@ -141,7 +141,7 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
         line = proc.stdout.readline().decode(errors="replace")
         if not line:
             break
-        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", line)
+        m = re.search(r"serving .* at http://127\.0\.0\.1:(\d+)/", line)
         if m:
             server = LiveServer(root, proc, int(m.group(1)))
             _drain_in_background(proc)

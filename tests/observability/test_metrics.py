@@ -314,8 +314,6 @@ def test_metrics_port_serves_metrics_only(obs_root: Path, start_server, git: Git
     assert exc.value.code == 404
 
 
-@pytest.mark.xfail(strict=True, reason="server/http.py _finish records a request that failed "
-                   "with an unhandled exception (client got HTTP 500) as status 499")
 def test_internal_error_is_counted_as_5xx(obs_root: Path, start_server, git: Git,
                                           tmp_path: Path) -> None:
     repo = obs_root / REPO
