@@ -37,7 +37,7 @@ class CommandRequest:
 
 
 def _take_capabilities(pkts: list[Pkt], features: V2Features) -> tuple[dict[bytes, object], int]:
-    seen: dict[bytes, object] = {"server-option".encode(): []}
+    seen: dict[bytes, object] = {b"server-option": []}
     i = 0
     while i < len(pkts):
         pkt = pkts[i]

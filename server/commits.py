@@ -7,8 +7,8 @@ are parsed with dulwich's compiled ``parse_tree``.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from binascii import a2b_hex
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 

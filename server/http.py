@@ -11,21 +11,26 @@ import asyncio
 import logging
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from protocol.advertise import format_service_header
 from protocol.command import parse_command_request
 from protocol.errors import ClientError
 from protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
-from protocol.fetch_response import PACKFILE_HEADER, iter_shallow_info, iter_shallow_lines, iter_wanted_refs
+from protocol.fetch_response import (
+    PACKFILE_HEADER,
+    iter_shallow_info,
+    iter_shallow_lines,
+    iter_wanted_refs,
+)
 from protocol.ls_refs import parse_ls_refs_args
-from protocol.pktline import PktBuffer
 from protocol.object_info import parse_object_info_args
-from protocol.advertise import format_service_header
+from protocol.pktline import PktBuffer
 
 from .config import Config
 from .fscache import DirCache

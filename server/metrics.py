@@ -211,7 +211,7 @@ class Metrics:
             self.pack_objects.labels("reused").inc(max(0, st.reused - whole))
             self.pack_objects.labels("generated").inc(st.generated)
             if whole:
-                self.pack_bytes.labels("verbatim").inc(st.bytes)
+                self.pack_bytes.labels("verbatim").inc(st.size)
             else:
                 self.pack_bytes.labels("reused").inc(st.reused_bytes)
                 self.pack_bytes.labels("generated").inc(st.generated_bytes)

@@ -28,6 +28,7 @@ from .packs import (
     OFS_DELTA,
     REF_DELTA,
     TYPE_NUMS,
+    EntryHeader,
     PackFile,
     PackFormatError,
 )
@@ -324,7 +325,7 @@ class ObjectSnapshot:
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
         """Read and resolve the entry at ``offset`` (following delta chains)."""
         cache = self.registry.objects
-        chain: list[tuple[PackFile, int, object]] = []
+        chain: list[tuple[PackFile, int, EntryHeader]] = []
         type_num, data = 0, b""
         for _ in range(_MAX_CHAIN):
             hit = cache.get((pack.key, offset))

@@ -11,8 +11,8 @@ import hashlib
 import time
 from collections.abc import Sequence
 
-from .bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
 from .bitmaps import iter_set_bits
+from .bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
 from .packs import OBJ_TAG, PackFile
 from .packsource import (
     PackSource,

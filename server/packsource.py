@@ -64,7 +64,7 @@ class PackStats:
     reused_deltas: int = 0
     generated: int = 0
     verbatim: int = 0
-    bytes: int = 0
+    size: int = 0  # the pack's bytes on the wire
     pack_reused: int = 0
     kind: str = ""
     reused_bytes: int = 0  # entries copied from packs (verbatim sources count as reused)
@@ -104,7 +104,7 @@ class WholePackSource:
             if not data:
                 raise OSError(f"{self.pack.name}: pack file shrank while being sent")
             pos += len(data)
-            self.stats.bytes += len(data)
+            self.stats.size += len(data)
             self.stats.reused_bytes += len(data)
             yield data
         yield Progress(self.stats.total_line())
@@ -262,7 +262,7 @@ class ReusePackSource:
             yield from out.drain()
         yield from out.drain(force=True)
         trailer = out.hash.digest()
-        self.stats.bytes = out.offset + len(trailer)
+        self.stats.size = out.offset + len(trailer)
         yield trailer
         yield Progress(self.stats.total_line())
 

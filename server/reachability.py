@@ -45,7 +45,8 @@ def check_wants(
     missing = [w for w in pending if not src.odb.contains(w)]
     if missing:
         return missing[0]
-    commits, others = [], []
+    commits: list[bytes] = []
+    others: list[bytes] = []
     for w in pending:
         (commits if src.object_type(w) == OBJ_COMMIT else others).append(w)
     tip_commits, tip_others = _expand_tips(src, tip_set)

@@ -106,7 +106,7 @@ class _Reader:
     dirs: DirCache
     cache: RefCache
     hex_len: int
-    state: list[object] = field(default_factory=list)
+    state: list[tuple[str, object]] = field(default_factory=list)
 
     def packed(self, inode: int | None) -> _PackedRefs:
         if inode is None:
@@ -236,6 +236,6 @@ def read_ref_snapshot(
     return snap
 
 
-def _trusted(dirs: DirCache, gitdir: str, item: object) -> bool:
-    prefix, _key = item  # type: ignore[misc]
+def _trusted(dirs: DirCache, gitdir: str, item: tuple[str, object]) -> bool:
+    prefix = item[0]
     return dirs.is_trusted(os.path.join(gitdir, prefix) if prefix else gitdir)

@@ -144,8 +144,8 @@ async def pump_pack(
     the task is cancelled) the iterator is closed once its current step finishes.
     """
     loop = asyncio.get_running_loop()
-    it = await loop.run_in_executor(executor, make_iter)
-    fut = loop.run_in_executor(executor, next, it, _END)
+    it: Iterator[bytes | Progress] = await loop.run_in_executor(executor, make_iter)
+    fut: asyncio.Future[object] = loop.run_in_executor(executor, next, it, _END)
     try:
         while True:
             try:
@@ -162,7 +162,7 @@ async def pump_pack(
                 if not no_progress:
                     await writer.progress(item.text)
                     await writer.drain()
-            else:
+            elif isinstance(item, bytes):
                 await writer.pack_data(item)
     finally:
         _close_when_done(fut, it, executor, loop)

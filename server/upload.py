@@ -15,7 +15,13 @@ from protocol.advertise import format_v0_capabilities, iter_v0_advertisement
 from protocol.capabilities import V2Features, iter_v2_capabilities
 from protocol.errors import ClientError
 from protocol.fetch_request import FetchRequest
-from protocol.filters import FilterSpec, SparseOid, TreeDepth, filter_config_name, iter_filter_leaves
+from protocol.filters import (
+    FilterSpec,
+    SparseOid,
+    TreeDepth,
+    filter_config_name,
+    iter_filter_leaves,
+)
 from protocol.ls_refs import LsRefsRequest, iter_ls_refs
 from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 from protocol.object_info import ObjectInfoRequest, iter_object_info
