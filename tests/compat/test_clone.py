@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from compare import VERSIONS, assert_same, clone_both, file_url, fsck, http_url, repo_state
+from compare import VERSIONS, assert_same, clone_both, fsck, http_url, repo_state
 
 CLONE_REPOS = ["basic.git", "plain.git", "multipack.git", "sha256.git", "team/app", "manyrefs.git"]
 

@@ -12,10 +12,11 @@ REPOS = ["basic.git", "hidden.git", "multipack.git", "sha256.git", "team/app", "
 @pytest.mark.parametrize("repo", REPOS)
 def test_ls_remote_matches_file(git, server, repo, version):
     args = ["-c", f"protocol.version={version}", "ls-remote"]
+    on_disk = "team/app" if repo.startswith("team") else repo
     ours = git.out(*args, http_url(server, repo))
-    theirs = git.out(*args, file_url(server, repo.removesuffix(".git") if repo.startswith("team") else repo))
+    theirs = git.out(*args, file_url(server, on_disk))
     assert ours == theirs
-    assert ours.startswith(git.out("rev-parse", "HEAD", cwd=server.root / (repo if repo.endswith(".git") and not repo.startswith("team") else "team/app")).strip())
+    assert ours.startswith(git.out("rev-parse", "HEAD", cwd=server.root / on_disk).strip())
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -5,7 +5,7 @@ repeated have, and bytes after the end of a request left undecoded."""
 from __future__ import annotations
 
 import pytest
-from protocol_testlib import exchanges, split_pkts
+from protocol_testlib import GraphOracle, exchanges, split_pkts
 
 from protocol.capabilities import V2Features
 from protocol.command import parse_command_request
@@ -16,7 +16,6 @@ from protocol.filters import parse_filter_spec
 from protocol.negotiate import negotiate_v2
 from protocol.object_info import iter_object_info, parse_object_info_args
 from protocol.pktline import FLUSH_PKT, encode_pkt
-from protocol_testlib import GraphOracle
 
 EX = exchanges()
 F = V2Features(agent=b"git/2.39.5")
