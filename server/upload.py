@@ -7,7 +7,9 @@ plain values (payload lists, a :class:`FetchPlan`) for the async writer in ``htt
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +45,8 @@ from .shallow import ShallowPlan, plan_shallow
 __all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch", "iter_pack"]
 
 HASH_LEN = {"sha1": 20, "sha256": 32}
+# transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
+SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
 
 # Capability names a v0 client may request (what we advertise, by name).
 V0_REQUEST_CAPS = frozenset(
@@ -141,6 +145,7 @@ class RequestContext:
             # what partial-clone lazy fetches (blobs by id) need.
             allow_reachable_sha1=True,
             allow_filter=cfg.allow_filter,
+            session_id=SESSION_ID if cfg.advertise_sid else None,
         )
 
     def v0_advertisement(self, version: int) -> Iterator[bytes]:
@@ -157,6 +162,7 @@ class RequestContext:
             allow_ref_in_want=cfg.allow_ref_in_want,
             allow_sideband_all=cfg.allow_sideband_all,
             advertise_unborn=cfg.unborn == "advertise",
+            session_id=SESSION_ID if cfg.advertise_sid else None,
         )
 
     def v2_capabilities(self) -> Iterator[bytes]:
@@ -307,6 +313,8 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     by_name = {r.name: r for r in refs}
     wants = [bytes.fromhex(w.decode()) for w in req.wants]
     wanted_refs: list[tuple[bytes, bytes]] = []
+    if head is not None and head.oid is not None:
+        by_name.setdefault(b"HEAD", Ref(b"HEAD", head.oid))
     for name in req.want_refs:
         ref = by_name.get(name)
         if ref is None:
