@@ -411,9 +411,30 @@ class Side:
             if log.name == "access.log":
                 continue
             with contextlib.suppress(OSError):
-                for line in log.read_text(errors="replace").splitlines():
-                    if _LOG_PROBLEM.search(line) and "serving" not in line:
-                        self.note(f"{log.name}: {_normalise(line)[:300]}")
+                for finding in log_findings(log.read_text(errors="replace")):
+                    self.note(f"{log.name}: {_normalise(finding)[:300]}")
+
+
+def log_findings(text: str) -> Iterator[str]:
+    """Problem lines of a server log; a Python traceback becomes one line with its
+    exception and innermost frame."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("Traceback (most recent call last)"):
+            where = ""
+            i += 1
+            while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
+                m = re.match(r'\s+File "([^"]+)", line (\d+), in (\S+)', lines[i])
+                if m:
+                    where = f"{Path(m[1]).name}:{m[2]} in {m[3]}"
+                i += 1
+            exc = lines[i] if i < len(lines) else "?"
+            yield f"Traceback: {exc} (innermost frame {where})"
+        elif _LOG_PROBLEM.search(line) and "serving" not in line:
+            yield line
+        i += 1
 
 
 def _normalise(line: str) -> str:
@@ -421,6 +442,7 @@ def _normalise(line: str) -> str:
     line = re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ", "", line)
     line = re.sub(r"\b\d+#\d+: \*\d+ ", "", line)
     line = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line)
+    line = re.sub(r"/client_body/\d+", "/client_body/N", line)
     return re.sub(r"/tmp/gitspout-bench-[^/\s]+", "TMP", line)
 
 
@@ -458,7 +480,8 @@ class Sample:
     def error_summary(self) -> str:
         """The telling line of the error (git's ``fatal:``/``error:`` line if any)."""
         lines = [ln.strip() for ln in (self.error or "").splitlines() if ln.strip()]
-        key = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), None)
+        key = next((m.group(0) for ln in lines
+                    if (m := re.search(r"\b(fatal|error): .*", ln))), None)
         return (f"{lines[0].split(':')[0]}: {key}" if key else lines[0] if lines else "")[:300]
 
     def line(self) -> str:
@@ -1027,6 +1050,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gitspout-rev", metavar="REV", default=None,
                     help="serve with server/ and protocol/ of this git revision (default: a "
                          "copy of the working tree taken at the start)")
+    ap.add_argument("--report", type=Path, metavar="JSON", default=None,
+                    help="measure nothing: print the tables of an earlier run's --json file")
     ap.add_argument("--tmp-dir", type=Path, default=None,
                     help="parent of the run's temporary directory (default $TMPDIR)")
     ap.add_argument("--keep-tmp", action="store_true",
@@ -1304,9 +1329,24 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
           f"checked; {len(samples)} runs, {len(failed)} failed; {seconds:.0f} s total")
 
 
+def reprint(path: Path) -> int:
+    """``--report JSON``: the tables of an earlier run, from its raw samples."""
+    data = json.loads(path.read_text())
+    samples = [Sample(**s) for s in data["samples"]]
+    meta = data["meta"]
+    print(f"report of {path}: {' '.join(meta['argv'])} (started {meta['started']}, "
+          f"gitspout code: {meta.get('gitspout_code', meta.get('gitspout_commit'))})")
+    rows = summarise(samples)
+    report(rows, targets(rows, meta["root_sets"]), samples, data.get("log_problems", {}),
+           meta.get("seconds", 0.0), argparse.Namespace(rounds=meta["rounds"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     args = parse_args(argv)
+    if args.report:
+        return reprint(args.report)
     try:
         return run(args)
     except ServerError as e:
