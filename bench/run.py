@@ -472,6 +472,7 @@ class Sample:
     settled: bool = True
     fsck: str = "skipped"
     error: str | None = None
+    loadavg_1m: float = 0.0  # machine load when the run started (the machine is shared)
 
     @property
     def ok(self) -> bool:
@@ -849,7 +850,8 @@ class Bench:
         srv = side.srv
         proxy = side.proxy
         assert proxy is not None
-        s = Sample(self.rs.name, variant, case.name, side.label, side.impl, run, cold)
+        s = Sample(self.rs.name, variant, case.name, side.label, side.impl, run, cold,
+                   loadavg_1m=os.getloadavg()[0])
         baseline = set(srv.pids())
         d0, u0, c0 = proxy.snapshot()
         srv.reset_counters()
@@ -1270,7 +1272,7 @@ def run(args: argparse.Namespace) -> int:
     report(rows, tgts, samples, problems, time.monotonic() - t_start, args)
     if args.json:
         data = {"meta": meta | {"seconds": time.monotonic() - t_start,
-                                "interrupted": interrupted},
+                                "interrupted": interrupted, "loadavg_end": os.getloadavg()},
                 "pushes": pushes,
                 "samples": [asdict(s) for s in samples],
                 "medians": [asdict(r) for r in rows],
@@ -1324,6 +1326,10 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
         for who, lines in problems.items():
             for line, n in sorted(lines.items(), key=lambda kv: -kv[1])[:15]:
                 print(f"{who}: {n} x {line}")
+    loads = [s.loadavg_1m for s in samples if s.loadavg_1m]
+    if loads:
+        print(f"\nshared machine, {os.cpu_count()} cores: 1-minute load average at the start of "
+              f"the runs {min(loads):.1f}..{max(loads):.1f} (median {statistics.median(loads):.1f})")
     fscks = [s for s in samples if s.fsck not in ("skipped",)]
     print(f"\nfsck: {sum(s.fsck.startswith('clean') for s in fscks)} clean of {len(fscks)} "
           f"checked; {len(samples)} runs, {len(failed)} failed; {seconds:.0f} s total")
