@@ -32,7 +32,6 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     if cfg.metrics_port:
         runners.append(await _metrics_site(state, cfg))
         print(f"gitspout: metrics at http://{cfg.host}:{cfg.metrics_port}/metrics", flush=True)
-    log.info("gitspout serving %s at http://%s:%s/", state.resolver.root, cfg.host, port)
     print(f"gitspout: serving {state.resolver.root} at http://{cfg.host}:{port}/", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
