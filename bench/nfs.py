@@ -250,7 +250,15 @@ class Runner:
         settle(side.srv, baseline)
         if side.place == "mount":
             mount.reset()
-        wall, requests = self.ops[op](side.srv)
+        try:
+            wall, requests = self.ops[op](side.srv)
+        except Exception as exc:
+            side.srv.keep_workdir = True
+            dead = [p.name for p in side.srv.procs if not p.alive()]
+            raise RuntimeError(
+                f"{SERVER_LABEL[side.kind]} ({side.place}) {op} failed: {exc!r}; exited: "
+                f"{dead or 'none'}; logs kept in {side.srv.workdir}\n"
+                f"{side.srv.log_tails(40)}") from exc
         settle(side.srv, baseline)
         fuse = mount.stats() if side.place == "mount" else {}
         return Result(wall, requests, fuse)

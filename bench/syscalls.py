@@ -17,12 +17,17 @@ or fetch first):
    readlinkat`` (glibc implements ``fstat`` as ``newfstatat(fd, "",
    AT_EMPTY_PATH)``).  HTTP requests are counted on the client
    (``GIT_TRACE_CURL``).  Budget: <= 25 per request, flat in N.
-2. **Write syscalls** (``write writev sendmsg sendto``) of a 100k-ref v0
-   advertisement (``GET info/refs``) and a 100k-ref v2 ``ls-refs``
-   (``POST``), with the response body size and the bound
-   ``ceil(bytes / 32 KiB) + 4``.
+2. **Write syscalls** (``write writev sendmsg sendto``, by fd kind from
+   ``strace -yy``) of a 100k-ref v0 advertisement (``GET info/refs``) and a
+   100k-ref v2 ``ls-refs`` (``POST``), with the response body size and the
+   bound ``ceil(bytes / 32 KiB) + 4``.
 3. **Server CPU** (the server's cgroup, children included) for those two
    requests, median of ``--rounds`` alternating rounds, without strace.
+
+2 and 3 are measured twice: *warm* (the request repeats the previous one
+exactly, so gitspout's cross-request caches answer) and *cold* (a loose ref
+of the repository changes between the warm-up and the measured request, on
+both servers, so nothing cached can be used).
 
 The fixture (``bench/work/syscalls/``, reused unless ``--force``):
 
@@ -559,6 +564,7 @@ class WriteRow:
     body_bytes: int
     counts: dict[str, int]
     by_fd: dict[tuple[str, str], int]
+    state: str = "warm"
 
     def to(self, kind: str) -> int:
         """Write calls to fds of *kind* (``tcp``: the client connection)."""
@@ -578,20 +584,58 @@ class WriteRow:
         return math.ceil(self.body_bytes / CHUNK) + 4
 
 
+STATES = ("warm", "cold")
+STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)"}
+
+
+class RefBumper:
+    """Changes the ref state of the 100k-ref repository before a "cold" request: a
+    loose ``refs/heads/zz-bench-bump`` alternates between two commits, so no
+    cross-request cache can answer (the same is done before git-http-backend's
+    requests)."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self.commits = git_out(["--git-dir", str(repo), "rev-list", "-2", "main"]).split()
+        self.n = 0
+
+    def remove(self) -> None:
+        """Delete the bump ref (the fixture's refs as built)."""
+        run_git(["--git-dir", str(self.repo), "update-ref", "-d", "refs/heads/zz-bench-bump"])
+
+    def __call__(self) -> None:
+        self.n += 1
+        run_git(["--git-dir", str(self.repo), "update-ref", "refs/heads/zz-bench-bump",
+                 self.commits[self.n % 2]])
+
+
+def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
+             bump: RefBumper) -> set[int]:
+    """Warm-up request, then (cold) change the refs; returns the idle pid set."""
+    http_request(srv.port, kind, fx.manyrefs)
+    if state == "cold":
+        bump()
+    baseline = set(srv.pids())
+    settle(srv, baseline)
+    return baseline
+
+
 def measure_writes(servers: dict[str, BenchServer], fx: Fixture,
                    scratch: Path) -> list[WriteRow]:
     rows: list[WriteRow] = []
-    for kind, _label in BIG_REQUESTS:
-        for name, srv in servers.items():
-            http_request(srv.port, kind, fx.manyrefs)                    # warm-up
-            baseline = set(srv.pids())
-            settle(srv, baseline)
-            with Strace(srv.pids(), WRITE_SYSCALLS, scratch, detail=True) as st:
-                res = http_request(srv.port, kind, fx.manyrefs)
-                settle(srv, baseline)
-            if res.status != 200:
-                raise RuntimeError(f"{name} {kind}: HTTP {res.status}")
-            rows.append(WriteRow(name, kind, res.body_bytes, st.counts, st.by_fd))
+    bump = RefBumper(fx.root / fx.manyrefs)
+    bump.remove()
+    for state in STATES:
+        for kind, _label in BIG_REQUESTS:
+            for name, srv in servers.items():
+                baseline = _prepare(srv, kind, fx, state, bump)
+                with Strace(srv.pids(), WRITE_SYSCALLS, scratch, detail=True) as st:
+                    res = http_request(srv.port, kind, fx.manyrefs)
+                    settle(srv, baseline)
+                if res.status != 200:
+                    raise RuntimeError(f"{name} {kind}: HTTP {res.status}")
+                rows.append(WriteRow(name, kind, res.body_bytes, st.counts, st.by_fd, state))
+    bump.remove()
     return rows
 
 
@@ -601,28 +645,31 @@ class CpuRow:
     cpu_ms: dict[str, float]
     wall_ms: dict[str, float]
     body_bytes: dict[str, int]
+    state: str = "warm"
 
 
 def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int) -> list[CpuRow]:
+    """Median CPU per request, rounds alternating the servers; warm and cold."""
     rows: list[CpuRow] = []
-    for kind, _label in BIG_REQUESTS:
-        cpu: dict[str, list[float]] = {k: [] for k in servers}
-        wall: dict[str, list[float]] = {k: [] for k in servers}
-        size: dict[str, int] = {}
-        for srv in servers.values():
-            http_request(srv.port, kind, fx.manyrefs)                    # warm-up
-        for _ in range(rounds):
-            for name, srv in servers.items():
-                baseline = set(srv.pids())
-                settle(srv, baseline)
-                srv.reset_counters()
-                res = http_request(srv.port, kind, fx.manyrefs)
-                settle(srv, baseline)
-                cpu[name].append(srv.cpu_ns() / 1e6)
-                wall[name].append(res.wall_s * 1e3)
-                size[name] = res.body_bytes
-        rows.append(CpuRow(kind, {k: median(v) for k, v in cpu.items()},
-                           {k: median(v) for k, v in wall.items()}, size))
+    bump = RefBumper(fx.root / fx.manyrefs)
+    bump.remove()
+    for state in STATES:
+        for kind, _label in BIG_REQUESTS:
+            cpu: dict[str, list[float]] = {k: [] for k in servers}
+            wall: dict[str, list[float]] = {k: [] for k in servers}
+            size: dict[str, int] = {}
+            for _ in range(rounds):
+                for name, srv in servers.items():
+                    baseline = _prepare(srv, kind, fx, state, bump)
+                    srv.reset_counters()
+                    res = http_request(srv.port, kind, fx.manyrefs)
+                    settle(srv, baseline)
+                    cpu[name].append(srv.cpu_ns() / 1e6)
+                    wall[name].append(res.wall_s * 1e3)
+                    size[name] = res.body_bytes
+            rows.append(CpuRow(kind, {k: median(v) for k, v in cpu.items()},
+                               {k: median(v) for k, v in wall.items()}, size, state))
+    bump.remove()
     return rows
 
 
@@ -646,9 +693,10 @@ def metadata_tables(rows: list[MetaRow]) -> str:
 
 def write_table(rows: list[WriteRow]) -> str:
     used = [s for s in WRITE_SYSCALLS if any(r.counts.get(s) for r in rows)]
-    header = ["request", "server", "body bytes", *used, "writes", "to client TCP",
+    header = ["request", "state", "server", "body bytes", *used, "writes", "to client TCP",
               "to other fds", "bound ceil(B/32Ki)+4", "within"]
-    body = [[dict(BIG_REQUESTS)[r.kind], SERVER_LABEL[r.server], f"{r.body_bytes:,}",
+    body = [[dict(BIG_REQUESTS)[r.kind], STATE_LABEL[r.state], SERVER_LABEL[r.server],
+             f"{r.body_bytes:,}",
              *(str(r.counts.get(s, 0)) for s in used), str(r.writes), str(r.to("tcp")),
              r.other_fds, str(r.bound),
              ("yes" if r.writes <= r.bound else "NO") if r.server == "gitspout" else "-"]
@@ -657,14 +705,15 @@ def write_table(rows: list[WriteRow]) -> str:
 
 
 def cpu_table(rows: list[CpuRow], servers: Sequence[str]) -> str:
-    header = ["request", *(f"{SERVER_LABEL[s]} cpu ms" for s in servers),
+    header = ["request", "state", *(f"{SERVER_LABEL[s]} cpu ms" for s in servers),
               *(f"{SERVER_LABEL[s]} wall ms" for s in servers)]
     both = "gitspout" in servers and "c-git" in servers
     if both:
         header += ["cpu ratio", "<= 0.5x"]
     body = []
     for r in rows:
-        cells = [dict(BIG_REQUESTS)[r.kind], *(f"{r.cpu_ms[s]:.1f}" for s in servers),
+        cells = [dict(BIG_REQUESTS)[r.kind], STATE_LABEL[r.state],
+                 *(f"{r.cpu_ms[s]:.1f}" for s in servers),
                  *(f"{r.wall_ms[s]:.1f}" for s in servers)]
         if both:
             ratio = r.cpu_ms["gitspout"] / r.cpu_ms["c-git"]
@@ -744,13 +793,15 @@ def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
                    "process; warm: one identical fetch first) ==\n" + metadata_tables(rows))
     if "writes" not in skip:
         wrows = measure_writes(servers, fx, scratch)
-        out.append(f"== Write syscalls, {fx.refs:,}-ref repository (warm: one identical "
-                   "request first; bound applies to gitspout) ==\n" + write_table(wrows))
+        out.append(f"== Write syscalls, {fx.refs:,}-ref repository (one identical request "
+                   "first; cold = a ref changed after it; bound applies to gitspout) ==\n"
+                   + write_table(wrows))
     if "cpu" not in skip:
         crows = measure_cpu(servers, fx, args.rounds)
         out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
-                   f"repository, median of {args.rounds} alternating rounds, warm, "
-                   "no strace ==\n" + cpu_table(crows, kinds))
+                   f"repository, median of {args.rounds} alternating rounds, one identical "
+                   "request before each (cold: then a ref changed), no strace ==\n"
+                   + cpu_table(crows, kinds))
 
 
 if __name__ == "__main__":
