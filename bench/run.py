@@ -372,10 +372,22 @@ class Side:
         self.stop_server()
         self.start()
 
+    def died(self) -> str | None:
+        """None while every top-level process runs, else their exit status and log tail."""
+        if self.server is None:
+            return "not started"
+        dead = [p for p in self.server.procs if not p.alive()]
+        if not dead:
+            return None
+        return "; ".join(
+            f"{p.name} exit status {p.proc.returncode if p.proc else '?'}, log tail: "
+            + " | ".join(p.log_tail(4).splitlines())[-400:] for p in dead)
+
     def ensure_alive(self) -> None:
         """Restart the server if any of its top-level processes died."""
-        if self.server is None or not all(p.alive() for p in self.server.procs):
-            self.note(f"{self.impl} was not running; restarted")
+        died = self.died()
+        if died:
+            self.note(f"{self.impl} was not running ({died}); restarted")
             self.restart()
 
     def close(self) -> None:
@@ -489,7 +501,8 @@ class Sample:
         """Progress line."""
         tag = "B cold" if self.cold else f"{self.server} r{self.run}"
         if self.error:
-            return f"    {tag:7} ERROR {self.error_summary()}"
+            return (f"    {tag:7} ERROR {self.error_summary()} (cpu {self.cpu_ns / 1e6:.0f} ms, "
+                    f"wall {self.wall_s:.2f} s, bytes {human_bytes(self.bytes_down)})")
         rss = f"{self.peak_rss_bytes / MB:.0f} MB" if self.peak_rss_bytes else "-"
         return (f"    {tag:7} cpu {self.cpu_ns / 1e6:8.0f} ms  wall {self.wall_s:7.2f} s  "
                 f"bytes {human_bytes(self.bytes_down):>9}  peak rss {rss:>6} "
@@ -855,30 +868,36 @@ class Bench:
         baseline = set(srv.pids())
         d0, u0, c0 = proxy.snapshot()
         srv.reset_counters()
-        try:
-            with PeakRssWatcher(srv) as watch:
-                t0 = time.monotonic()
-                try:
-                    case.op(side, state)
-                finally:
-                    s.wall_s = time.monotonic() - t0
-                    s.settled = _settle(srv, baseline)
-                    s.cpu_ns = srv.cpu_ns()
-                    s.cgroup_mem_max_bytes = srv.memory_max_bytes()
-            d1, u1, c1 = proxy.snapshot()
-            s.bytes_down, s.bytes_up, s.connections = d1 - d0, u1 - u0, c1 - c0
-            if side.label == "B":
-                s.peak_rss_bytes = peak_rss_bytes(side.main_pid())
-                s.peak_rss_process = "gitspout"
-            else:
-                s.peak_rss_bytes, s.peak_rss_process = watch.peak or None, watch.peak_comm
+        errors = (GitError, AssertionError, subprocess.SubprocessError, OSError)
+        with PeakRssWatcher(srv) as watch:
+            t0 = time.monotonic()
+            try:
+                case.op(side, state)
+            except errors as e:  # still record what the failed run cost
+                s.error = f"{type(e).__name__}: {e}"
+            finally:
+                s.wall_s = time.monotonic() - t0
+                s.settled = _settle(srv, baseline)
+                s.cpu_ns = srv.cpu_ns()
+                s.cgroup_mem_max_bytes = srv.memory_max_bytes()
+        d1, u1, c1 = proxy.snapshot()
+        s.bytes_down, s.bytes_up, s.connections = d1 - d0, u1 - u0, c1 - c0
+        if side.label == "B":  # VmHWM since start; the watcher's last sample if it died
+            s.peak_rss_bytes = peak_rss_bytes(side.main_pid()) or watch.peak or None
+            s.peak_rss_process = "gitspout"
+        else:
+            s.peak_rss_bytes, s.peak_rss_process = watch.peak or None, watch.peak_comm
+        died = side.died()
+        if died:
+            s.error = (s.error or "") + f" [server died during the run: {died}]"
+            side.note(f"{side.impl} died during {self.rs.name} {variant} {case.name} "
+                      f"{'cold' if cold else f'run {run}'}: {died}")
+        if s.error is None:
             try:
                 s.fsck = case.verify(side, state, check)
-            except (GitError, AssertionError) as e:
+            except errors as e:
                 s.fsck = "FAILED"
-                raise AssertionError(f"verification failed: {e}") from e
-        except (GitError, AssertionError, subprocess.SubprocessError, OSError) as e:
-            s.error = f"{type(e).__name__}: {e}"
+                s.error = f"verification failed: {type(e).__name__}: {e}"
         return s
 
 
