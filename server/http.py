@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +33,16 @@ from protocol.pktline import PktBuffer
 
 from .config import Config
 from .fscache import DirCache
+from .httpreq import (
+    NO_CACHE,
+    RECEIVE_PACK,
+    UPLOAD_PACK,
+    HttpError,
+    protocol_version,
+    read_body,
+    split_path,
+    text_response,
+)
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .odb import ObjectStoreError, PackRegistry
@@ -46,13 +55,6 @@ __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STAT
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
 
-UPLOAD_PACK = "git-upload-pack"
-RECEIVE_PACK = "git-receive-pack"
-NO_CACHE = {
-    "Cache-Control": "no-cache, max-age=0, must-revalidate",
-    "Pragma": "no-cache",
-    "Expires": "Fri, 01 Jan 1980 00:00:00 GMT",
-}
 MAX_PKTS = 1_000_000  # pkt-lines per request body; a 100k-ref mirror clone sends ~100k
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
@@ -105,70 +107,6 @@ class ServerState:
         return ctx
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-
-def _text(status: int, text: str) -> web.Response:
-    return web.Response(status=status, text=text if text.endswith("\n") else text + "\n",
-                        headers=NO_CACHE)
-
-
-def _protocol_version(request: web.Request) -> int:
-    """Git-Protocol: colon-separated key=value pairs; the highest version= wins."""
-    version = 0
-    for item in request.headers.get("Git-Protocol", "").split(":"):
-        key, _, value = item.strip().partition("=")
-        if key == "version" and value in ("1", "2"):
-            version = max(version, int(value))
-    return version
-
-
-def _split_path(path: str) -> tuple[str, str]:
-    """(repository path relative to the root, action). Only a single leading slash is
-    dropped: doubled slashes make an empty segment, which resolves to nothing."""
-    rel = path[1:] if path.startswith("/") else path
-    for suffix in ("/info/refs", "/" + UPLOAD_PACK, "/" + RECEIVE_PACK):
-        if rel.endswith(suffix) or rel == suffix[1:]:
-            return rel[: -len(suffix)] if rel.endswith(suffix) else "", suffix[1:]
-    return rel, ""
-
-
-async def read_body(request: web.Request, max_body: int, max_inflated: int) -> bytes:
-    """The whole request body, gunzipped, under both caps (PROTOCOL-NOTES 4)."""
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in ("", "identity", "gzip", "x-gzip"):
-        raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in ("gzip", "x-gzip") else None
-    parts: list[bytes] = []
-    raw = size = 0
-    async for chunk in request.content.iter_chunked(1 << 16):
-        raw += len(chunk)
-        if raw > max_body:
-            raise HttpError(413, f"request body larger than {max_body} bytes")
-        if inflate is None:
-            parts.append(chunk)
-            size += len(chunk)
-            continue
-        data = chunk
-        while data:
-            try:
-                out = inflate.decompress(data, max_inflated - size + 1)
-            except zlib.error as exc:
-                raise HttpError(400, f"bad gzip request body: {exc}") from None
-            size += len(out)
-            if size > max_inflated:
-                raise HttpError(413, f"request body inflates past {max_inflated} bytes")
-            parts.append(out)
-            data = inflate.unconsumed_tail
-    if inflate is not None and raw and not inflate.eof:
-        raise HttpError(400, "truncated gzip request body")
-    return b"".join(parts)
-
-
 async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers={**NO_CACHE, "Content-Type": content_type})
     await resp.prepare(request)
@@ -181,12 +119,12 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
     rec.command = "info-refs"
     if service == RECEIVE_PACK:
         rec.service = RECEIVE_PACK
-        return _text(403, READ_ONLY)
+        return text_response(403, READ_ONLY)
     if service != UPLOAD_PACK:
-        return _text(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
+        return text_response(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
     rec.service = UPLOAD_PACK
     ctx = state.context(state.resolver.resolve(repo_path), rec)
-    version = _protocol_version(request)
+    version = protocol_version(request)
     rec.protocol = str(version)
     start = time.monotonic()
     if request.method == "HEAD":
@@ -217,7 +155,7 @@ def _capabilities_body(ctx: RequestContext) -> list[bytes]:
 async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str,
                              rec: RequestRecord) -> web.StreamResponse:
     rec.service = UPLOAD_PACK
-    rec.protocol = str(_protocol_version(request))
+    rec.protocol = str(protocol_version(request))
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
@@ -225,7 +163,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
     if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
         raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
-    if _protocol_version(request) == 2:
+    if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
     return await _serve_v0(state, request, ctx, body, rec)
@@ -429,23 +367,23 @@ def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | N
 
 
 async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord) -> web.StreamResponse:
-    repo_path, action = _split_path(request.path)
+    repo_path, action = split_path(request.path)
     if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
-        return _text(404, "not found")
+        return text_response(404, "not found")
     try:
         if action == RECEIVE_PACK:
             rec.service = RECEIVE_PACK
-            return _text(403, READ_ONLY)
+            return text_response(403, READ_ONLY)
         if action == "info/refs" and request.method in ("GET", "HEAD"):
             return await handle_info_refs(state, request, repo_path, rec)
         if action == UPLOAD_PACK and request.method == "POST":
             return await handle_upload_pack(state, request, repo_path, rec)
         if action:
             allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
-            resp = _text(405, f"method {request.method} not allowed here")
+            resp = text_response(405, f"method {request.method} not allowed here")
             resp.headers["Allow"] = allow
             return resp
-        return _text(404, "not found")
+        return text_response(404, "not found")
     except ConnectionError:
         # The client went away mid-response: end this connection quietly, the way
         # aiohttp treats a premature disconnection (no 500, no traceback).
@@ -453,11 +391,11 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         raise asyncio.CancelledError() from None
     except RepoNotFound:
         state.resolver.forget(repo_path)
-        return _text(404, f"repository not found: /{repo_path}")
+        return text_response(404, f"repository not found: /{repo_path}")
     except HttpError as exc:
-        return _text(exc.status, exc.text)
+        return text_response(exc.status, exc.text)
     except ClientError as exc:
-        return _text(exc.http_status if exc.http_status >= 400 else 400, exc.message)
+        return text_response(exc.http_status if exc.http_status >= 400 else 400, exc.message)
 
 
 async def _shutdown(state: ServerState) -> None:
