@@ -22,6 +22,8 @@ from .odb import ObjectSnapshot
 from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
 
 _GITLINK = 0o160000
+_TreeRoot = tuple[bytes, bytes | None, bytes | None]
+"""(tree, the commit it is the root of, that commit's first parent)."""
 
 __all__ = ["BitmapIndex", "Reach", "open_bitmap_index", "bitmap_filter_supported"]
 
@@ -136,7 +138,7 @@ class BitmapIndex:
         """Everything reachable from ``roots`` (binary ids of any type)."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
-        trees: list[tuple[bytes, bytes | None]] = []
+        trees: list[_TreeRoot] = []
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
@@ -146,7 +148,7 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append((target, None))
+                trees.append((target, None, None))
             else:
                 seen, rank = self._has(reach, target)
                 if not seen:
@@ -155,14 +157,13 @@ class BitmapIndex:
         self._walk_trees(reach, trees)
         return reach
 
-    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[tuple[bytes, bytes | None]]:
+    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[_TreeRoot]:
         """OR in bitmaps where they exist; walk the rest, newest first.
 
         Roots with bitmaps go first, then a date-ordered walk: recent history reaches a
         bitmapped commit within a few steps and its closure covers the older roots (old
-        tags), which are then skipped instead of walked. Returns (tree, first parent's
-        tree) pairs still to walk: the parent is part of the same closure, so entries the
-        two trees share need no lookup at all.
+        tags), which are then skipped instead of walked. Returns the walked commits'
+        (tree, commit, first parent), newest first, for :meth:`_walk_trees`.
         """
         bm = self.bm
         heap: list[tuple[int, bytes]] = []
@@ -173,7 +174,7 @@ class BitmapIndex:
                 reach.bits = reach.bits | closure
             else:
                 heapq.heappush(heap, (-self.src.commit(oid).time, oid))
-        trees: list[tuple[bytes, bytes | None]] = []
+        trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
             seen, rank = self._has(reach, oid)
@@ -186,14 +187,28 @@ class BitmapIndex:
                     continue
             self._add(reach, oid, rank, OBJ_COMMIT)
             info = self.src.commit(oid)
-            base = self.src.commit(info.parents[0]).tree if info.parents else None
-            trees.append((info.tree, base))
+            trees.append((info.tree, oid, info.parents[0] if info.parents else None))
             for parent in info.parents:
                 heapq.heappush(heap, (-self.src.commit(parent).time, parent))
         return trees
 
-    def _walk_trees(self, reach: Reach, roots: list[tuple[bytes, bytes | None]]) -> None:
-        stack = list(roots)
+    def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:
+        """Walk the trees of walked commits, oldest first. A commit's tree is diffed
+        against its first parent's only when everything that tree reaches is already in
+        the closure: the parent came from a bitmap, or its own walk is done. Otherwise an
+        object both share could be skipped on both sides and never sent."""
+        pending = {commit for _, commit, _ in roots if commit is not None}
+        done: set[bytes] = set()
+        for tree, commit, parent in reversed(roots):
+            base = None
+            if parent is not None and (parent not in pending or parent in done):
+                base = self.src.commit(parent).tree
+            self._walk_tree(reach, tree, base)
+            if commit is not None:
+                done.add(commit)
+
+    def _walk_tree(self, reach: Reach, root: bytes, root_base: bytes | None) -> None:
+        stack: list[tuple[bytes, bytes | None]] = [(root, root_base)]
         while stack:
             tree, base = stack.pop()
             if tree == base:

@@ -279,15 +279,18 @@ def enumerate_objects(
     for oid, type_num in direct:
         if type_num == OBJ_TREE:
             _walk_tree_keep_root(walker, oid)
-    sending = set(commits)
-    for c in commits:
+    done: set[bytes] = set()
+    for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)
         base = None
-        # Diff against the first parent when its trees are walked too (it is sent) or the
-        # client has them (it is uninteresting); never across a shallow boundary.
-        if info.parents and c not in cut and (info.parents[0] in sending or info.parents[0] in bad):
+        # Diff against the first parent only when everything its tree reaches is already
+        # listed (its walk is done) or the client has it (it is uninteresting); never across
+        # a shallow boundary. Diffing against a parent whose walk is still to come would let
+        # an object that both share be skipped twice, and never sent.
+        if info.parents and c not in cut and (info.parents[0] in done or info.parents[0] in bad):
             base = src.commit(info.parents[0]).tree
         walker.walk(info.tree, base)
+        done.add(c)
     _include_tags(out, tag_refs, bad | have_objects)
     return Enumeration(out, len(commits), have_objects, edges, walker.hints)
 

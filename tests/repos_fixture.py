@@ -133,6 +133,27 @@ def _keep_peel_order(existing: list[str], extra: list[str]) -> list[str]:
     return [line for _, group in entries for line in group]
 
 
+def _revert(git: Git, build: Path, root: Path) -> None:
+    """A directory that returns to an earlier state (same tree id in two commits with
+    different parents), the shape that tripped a diffing walk into never sending a blob.
+    revert.git has no bitmap (the walk path); revert-bitmap.git has a bitmap for the early
+    history and the rest arrives as loose objects (the bitmap walk path)."""
+    work = build / "revert-work"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work, start=1_670_000_000)
+    c.commit({"d/x.txt": "x content\n" * 30, "top.txt": "top\n"}, "base")
+    early = root / "revert-bitmap.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(early))
+    git.run("repack", "-adqb", cwd=early)
+    c.commit({"d/y.txt": "y content\n" * 30}, "add y")
+    (work / "d" / "y.txt").unlink()
+    c.commit({"top.txt": "top 2\n"}, "remove y: d is back to its first tree")
+    c.commit({"e/z.txt": "z\n"}, "later")
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "revert.git"))
+    git.run("config", "receive.unpackLimit", "100000", cwd=early)
+    git.run("push", "-q", str(early), "main", cwd=work)
+
+
 def _nonbare(git: Git, work: Path, root: Path) -> None:
     dest = root / "team" / "app"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -152,6 +173,7 @@ def build_fixture_root(git: Git, root: Path, build: Path) -> None:
     _sha256(git, build, root)
     _manyrefs(git, root, basic)
     _nonbare(git, work, root)
+    _revert(git, build, root)
     # gitspout allows filters by default; C git (the file:// ground truth) needs this.
     for name in ("basic.git", "plain.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
         git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from compare import VERSIONS, assert_same, clone_both, fsck, http_url, repo_state
 
-CLONE_REPOS = ["basic.git", "plain.git", "multipack.git", "sha256.git", "team/app", "manyrefs.git"]
+CLONE_REPOS = ["basic.git", "plain.git", "revert.git", "revert-bitmap.git", "multipack.git",
+               "sha256.git", "team/app", "manyrefs.git"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
