@@ -48,7 +48,7 @@ class DirCache:
         self.enabled = enabled
         self.max_dirs = max_dirs
         self._dirs: dict[str, Listing] = {}
-        self._files: dict[tuple[str, int], bytes] = {}
+        self._files: dict[tuple[str, int, tuple[int, int, int]], bytes] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -84,16 +84,25 @@ class DirCache:
         listing = self._dirs.get(path)
         return listing is not None and listing.trusted
 
-    def file(self, fs: FsOps, path: str, inode: int) -> bytes | None:
-        """Content of a small file known (from a listing) to have ``inode``. Files that git
-        rewrites are replaced by a rename, so a new content means a new inode."""
-        key = (path, inode)
+    def file(self, fs: FsOps, path: str, listing: Listing) -> bytes | None:
+        """Content of a small file in the directory ``listing`` came from.
+
+        Reused only while that directory is unchanged (same listing key, so no file in it
+        was created, renamed or removed since) and the file keeps its inode. The inode
+        alone is not enough: filesystems hand a freed inode to the next new file, so the
+        lock file of the update after next can reuse it.
+        """
+        entry = listing.names().get(os.path.basename(path))
+        if entry is None:
+            return None
+        key = (path, entry[1], listing.key)
         if self.enabled:
             hit = self._files.get(key)
             if hit is not None:
+                self.hits += 1
                 return hit
         data = fs.read_file_or_none(path)
-        if data is not None and self.enabled:
+        if data is not None and self.enabled and listing.trusted:
             with self._lock:
                 if len(self._files) >= self.max_dirs:
                     self._files.clear()

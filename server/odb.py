@@ -80,6 +80,7 @@ class ObjectSnapshot:
         self._loose: set[bytes] | None = None
         self._loose_fresh = False
         self._info_names: dict[str, tuple[str, int, bool]] | None = None
+        self._info_listing: Listing | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
         self._scan_packs()
@@ -129,8 +130,8 @@ class ObjectSnapshot:
 
     def _info(self) -> dict[str, tuple[str, int, bool]]:
         if self._info_names is None:
-            listing = self._listing(os.path.join(self.objects_dir, "info"))
-            self._info_names = listing.names() if listing else {}
+            self._info_listing = self._listing(os.path.join(self.objects_dir, "info"))
+            self._info_names = self._info_listing.names() if self._info_listing else {}
         return self._info_names
 
     def rescan(self) -> None:
@@ -147,8 +148,9 @@ class ObjectSnapshot:
         entry = self._info().get("alternates")
         if entry is None:
             return []
+        assert self._info_listing is not None
         data = self.dirs.file(self.fs, os.path.join(self.objects_dir, "info", "alternates"),
-                              entry[1])
+                              self._info_listing)
         if not data:
             return []
         alts = []

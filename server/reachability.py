@@ -42,7 +42,7 @@ def check_wants(
     pending = [w for w in dict.fromkeys(wants) if w not in tip_set]
     if not pending:
         return None
-    missing = [w for w in pending if not src.odb.contains(w)]
+    missing = [w for w in pending if src.odb.locate(w, needed=True) is None]
     if missing:
         return missing[0]
     commits: list[bytes] = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from protocol.refs import HeadInfo, Ref, ref_is_hidden
 
-from .fscache import DirCache
+from .fscache import DirCache, Listing
 from .fsops import FsOps
 
 __all__ = ["RefSnapshot", "RefCache", "read_ref_snapshot", "Peeler"]
@@ -41,7 +41,7 @@ _NO_PACKED = _PackedRefs({}, {}, True)
 class RefCache:
     """Cross-request ref state of one repository (shared by threads)."""
 
-    packed: tuple[int, _PackedRefs] | None = None  # by packed-refs inode
+    packed: tuple[object, _PackedRefs] | None = None  # by (inode, git dir listing key)
     snapshots: dict[tuple[object, ...], RefSnapshot] = field(default_factory=dict)
     encoded: dict[tuple[object, ...], list[bytes]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,15 +108,18 @@ class _Reader:
     hex_len: int
     state: list[tuple[str, object]] = field(default_factory=list)
 
-    def packed(self, inode: int | None) -> _PackedRefs:
-        if inode is None:
+    def packed(self, top: Listing) -> _PackedRefs:
+        entry = top.names().get("packed-refs")
+        if entry is None:
             return _NO_PACKED
+        key = (entry[1], top.key)
         cached = self.cache.packed
-        if self.dirs.enabled and cached is not None and cached[0] == inode:
+        if self.dirs.enabled and cached is not None and cached[0] == key:
             return cached[1]
-        data = self.dirs.file(self.fs, os.path.join(self.gitdir, "packed-refs"), inode) or b""
+        data = self.dirs.file(self.fs, os.path.join(self.gitdir, "packed-refs"), top) or b""
         parsed = _parse_packed_refs(data, self.hex_len)
-        self.cache.packed = (inode, parsed)
+        if top.trusted:
+            self.cache.packed = (key, parsed)
         return parsed
 
     def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
@@ -137,7 +140,7 @@ class _Reader:
             if listing is None:
                 continue
             self.state.append((prefix, listing.key))
-            for name, ino, is_dir in listing.entries:
+            for name, _ino, is_dir in listing.entries:
                 if not _valid_component(name):
                     continue
                 full = prefix + "/" + name
@@ -145,7 +148,7 @@ class _Reader:
                     if self._wanted(full, prefixes):
                         stack.append(full)
                     continue
-                data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), ino)
+                data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), listing)
                 if data is not None:
                     out[full.encode("utf-8", "surrogateescape")] = data.strip()
         return out
@@ -210,20 +213,23 @@ def read_ref_snapshot(
 ) -> RefSnapshot:
     """Read HEAD, packed-refs and loose refs once. With ``prefixes`` only refs under them
     (and HEAD) are read; the answer is then marked incomplete."""
+    # Loose refs first, then packed-refs, as refs/files-backend.c does: `git pack-refs`
+    # writes the new packed-refs before it deletes the loose files, so a ref that moves
+    # from one to the other is seen in at least one of them, never lost or rolled back.
+    reader = _Reader(gitdir, fs, dirs, cache, hex_len)
+    loose = reader.loose(prefixes)
     top = dirs.listing(fs, gitdir)
     if top is None:
         raise FileNotFoundError(gitdir)
     names = top.names()
-    reader = _Reader(gitdir, fs, dirs, cache, hex_len, [("", top.key)])
-    packed_entry = names.get("packed-refs")
-    packed = reader.packed(packed_entry[1] if packed_entry else None)
-    loose = reader.loose(prefixes)
+    reader.state.append(("", top.key))
+    packed = reader.packed(top)
     state = tuple(reader.state) + (tuple(prefixes),)
     hit = cache.snapshots.get(state) if dirs.enabled else None
     if hit is not None:
         return hit
     head_entry = names.get("HEAD")
-    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), head_entry[1]) or b"").strip() \
+    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), top) or b"").strip() \
         if head_entry else b""
     head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes)
     trusted = dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state)

@@ -143,13 +143,13 @@ class Repo:
         if top is None:
             raise RepoNotFound(self.url_path)
         entry = top.names().get("config")
-        key = (entry[1],) if entry else (0,)
+        key = (entry[1], *top.key) if entry else (0,)
         cached = self._config
         if dirs.enabled and cached is not None and cached[0] == key:
             return cached[1]
-        data = dirs.file(fs, os.path.join(self.gitdir, "config"), entry[1]) if entry else b""
+        data = dirs.file(fs, os.path.join(self.gitdir, "config"), top) if entry else b""
         cfg = parse_repo_config(data or b"")
-        self._config = (key, cfg)
+        self._config = (key, cfg) if top.trusted else ((-1,), cfg)
         return cfg
 
 

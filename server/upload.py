@@ -7,6 +7,7 @@ plain values (payload lists, a :class:`FetchPlan`) for the async writer in ``htt
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -44,6 +45,7 @@ from .shallow import ShallowPlan, plan_shallow
 
 __all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch", "iter_pack"]
 
+log = logging.getLogger("gitspout")
 HASH_LEN = {"sha1": 20, "sha256": 32}
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
@@ -356,11 +358,16 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
 def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
     """Every want must exist and, unless allowAnySHA1InWant, be reachable from a visible
     ref (PROTOCOL-NOTES 7). The refusal names the first offending id, as C git does."""
-    missing = [w for w in wants if not ctx.odb.contains(w)]
+    # A want is a true miss: the object list may be older than a concurrent repack, so
+    # look again (one rescan per request at most) before calling it unknown.
+    missing = [w for w in wants if ctx.odb.locate(w, needed=True) is None]
     if not missing and ctx.config.allow_any_sha1:
         return
     bad = missing[0] if missing else check_wants(ctx.src, wants, ctx.tips())
     if bad is not None:
+        log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
+                 ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
+                 ctx.odb.rescans, len(ctx.odb.packs))
         raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
 
 
