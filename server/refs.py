@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,11 +28,34 @@ Peeler = Callable[[bytes], bytes | None]
 _MAX_SYMREF_DEPTH = 5
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class _PackedRefs:
     values: dict[bytes, bytes]
     peeled: dict[bytes, bytes]
     fully_peeled: bool
+    names: list[bytes] = field(default_factory=list)  # sorted
+    refs: dict[bytes, Ref] = field(default_factory=dict)  # built once, reused by snapshots
+
+    def ref(self, name: bytes, peel: Peeler) -> Ref:
+        """The Ref of a packed name (peeled from the file's traits, or by ``peel``)."""
+        ref = self.refs.get(name)
+        if ref is None:
+            oid = self.values[name]
+            peeled = self.peeled.get(name)
+            if peeled is None and not self.fully_peeled:
+                peeled = peel(oid)
+            ref = self.refs[name] = Ref(name, oid, peeled)
+        return ref
+
+    def names_under(self, prefixes: Sequence[bytes]) -> list[bytes]:
+        """Sorted names starting with one of ``prefixes`` (bisection, not a scan)."""
+        out: set[bytes] = set()
+        for p in prefixes:
+            i = bisect_left(self.names, p)
+            while i < len(self.names) and self.names[i].startswith(p):
+                out.add(self.names[i])
+                i += 1
+        return sorted(out)
 
 
 _NO_PACKED = _PackedRefs({}, {}, True)
@@ -92,7 +116,7 @@ def _parse_packed_refs(data: bytes, hex_len: int) -> _PackedRefs:
             continue
         values[name] = oid
         last = name
-    return _PackedRefs(values, peeled, fully)
+    return _PackedRefs(values, peeled, fully, sorted(values))
 
 
 def _valid_component(name: str) -> bool:
@@ -185,25 +209,16 @@ def _read_head(raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_l
 
 def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_len: int,
            peel: Peeler, prefixes: Sequence[bytes]) -> tuple[HeadInfo, tuple[Ref, ...]]:
-    names = set(loose)
-    if prefixes:
-        names.update(n for n in packed.values if any(n.startswith(p) for p in prefixes))
-    else:
-        names.update(packed.values)
+    packed_names = packed.names_under(prefixes) if prefixes else packed.names
+    names: Iterable[bytes] = sorted(set(packed_names) | set(loose)) if loose else packed_names
     refs: list[Ref] = []
-    for name in sorted(names):
-        oid, target = _resolve(name, loose, packed, hex_len)
-        if oid is None:
+    for name in names:
+        if name not in loose:
+            refs.append(packed.ref(name, peel))
             continue
-        if name in loose:
-            peeled = peel(oid)
-        elif name in packed.peeled:
-            peeled = packed.peeled[name]
-        elif packed.fully_peeled:
-            peeled = None
-        else:
-            peeled = peel(oid)
-        refs.append(Ref(name, oid, peeled, target))
+        oid, target = _resolve(name, loose, packed, hex_len)
+        if oid is not None:
+            refs.append(Ref(name, oid, peel(oid), target))
     return _read_head(head_raw, loose, packed, hex_len), tuple(refs)
 
 

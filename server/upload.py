@@ -30,7 +30,7 @@ from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 from protocol.object_info import ObjectInfoRequest, iter_object_info
 from protocol.oid import zero_oid
 from protocol.pktline import PktBuffer
-from protocol.refs import HeadInfo, Ref
+from protocol.refs import HeadInfo, Ref, ref_matches_prefixes
 
 from .commits import CommitSource
 from .fscache import DirCache
@@ -74,6 +74,7 @@ class RequestContext:
     _odb: ObjectSnapshot | None = None
     _src: CommitSource | None = None
     pack_stats: PackStats | None = None
+    _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
 
     # -- lazily read state ---------------------------------------------------
 
@@ -171,19 +172,28 @@ class RequestContext:
         return iter_v2_capabilities(self.v2_features())
 
     def ls_refs(self, req: LsRefsRequest) -> Iterator[bytes]:
-        if req.unborn and self.config.unborn == "ignore":
-            req = LsRefsRequest(req.peel, req.symrefs, False, req.prefixes)
+        unborn = req.unborn and self.config.unborn != "ignore"
         snap = self.refs_with_prefixes(req.prefixes)
         head, refs = snap.visible(self.config.hide_refs)
-        return iter_ls_refs(req, head, refs)
+        if req.prefixes and not ref_matches_prefixes(b"HEAD", req.prefixes):
+            head = None
+        if req.prefixes and snap.complete:
+            refs = [r for r in refs if ref_matches_prefixes(r.name, req.prefixes)]
+        # The snapshot holds only refs under the prefixes: no need to test them again.
+        return iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head, refs)
 
     def refs_with_prefixes(self, prefixes: Sequence[bytes]) -> RefSnapshot:
         """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
-        without reading every ref directory."""
+        without reading every ref directory. Read once per request."""
         if not prefixes or self._refs is not None:
             return self.refs
-        return read_ref_snapshot(self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache,
-                                 self.hash_len * 2, self._peel, prefixes)
+        key = tuple(prefixes)
+        snap = self._prefixed.get(key)
+        if snap is None:
+            snap = self._prefixed[key] = read_ref_snapshot(
+                self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache, self.hash_len * 2,
+                self._peel, prefixes)
+        return snap
 
     def encoded(self, kind: tuple[object, ...], payloads: Callable[[], Iterable[bytes]],
                 preamble: Sequence[bytes] = ()) -> list[bytes]:
