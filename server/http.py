@@ -232,50 +232,62 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
     ctx.timed("send", start)
 
 
-async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
-                    rec: RequestRecord) -> web.StreamResponse:
-    features = await state.run(ctx.v2_features)
-    cmd = await state.run(parse_command_request, body, features)
+@dataclass
+class _V2Answer:
+    """What one pass in the pool decided for a v2 POST: a ready listing, or a fetch."""
+
+    command: bytes = b""
+    agent: bytes | None = None
+    chunks: list[bytes] | None = None
+    fetch: FetchRequest | None = None
+
+
+def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
+    """Parse the command and, for ls-refs and object-info, produce the whole answer: one
+    trip to the pool, so a listing costs its writes and not extra event-loop wake-ups."""
+    features = ctx.v2_features()
+    cmd = parse_command_request(body, features)
     if cmd is None:
-        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-        await resp.write_eof()
-        return resp
-    rec.command = cmd.command.decode()
-    rec.agent = (cmd.agent or b"").decode("utf-8", "replace")
+        return _V2Answer()
+    answer = _V2Answer(cmd.command, cmd.agent)
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
         kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
-        start = time.monotonic()
-        chunks = await state.run(lambda: ctx.encoded(kind, lambda: ctx.ls_refs(ls)))
-        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-        await PktWriter(resp, record=rec).chunks(chunks)
-        ctx.timed("advertise", start)
-        await resp.write_eof()
-        return resp
-    if cmd.command == b"object-info":
+        answer.chunks = ctx.encoded(kind, lambda: ctx.ls_refs(ls))
+    elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
-        payloads = await state.run(ctx.object_info, oi)
-        return await _write_listing(request, payloads, rec)
-    req = await state.run(parse_v2_fetch_args, cmd.args, features, ctx.hash_len * 2)
-    _note_request(rec, req)
-    return await _serve_v2_fetch(state, request, ctx, req, rec)
+        buf = PktBuffer()
+        for payload in ctx.object_info(oi):
+            buf.add(payload)
+        buf.add_flush()
+        answer.chunks = [buf.take()]
+    else:
+        answer.fetch = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
+    return answer
+
+
+async def _serve_v2(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
+                    rec: RequestRecord) -> web.StreamResponse:
+    start = time.monotonic()
+    answer = await state.run(_prepare_v2, ctx, body)
+    if answer.command:
+        rec.command = answer.command.decode()
+        rec.agent = (answer.agent or b"").decode("utf-8", "replace")
+    if answer.fetch is not None:
+        _note_request(rec, answer.fetch)
+        return await _serve_v2_fetch(state, request, ctx, answer.fetch, rec)
+    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+    if answer.chunks is not None:
+        await PktWriter(resp, record=rec).chunks(answer.chunks)
+        ctx.timed("advertise", start)
+    await resp.write_eof()
+    return resp
 
 
 def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
     rec.haves = len(req.haves)
     if req.agent:
         rec.agent = req.agent.decode("utf-8", "replace")
-
-
-async def _write_listing(request: web.Request, payloads: list[bytes],
-                         rec: RequestRecord) -> web.StreamResponse:
-    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, record=rec)
-    await writer.pkts(payloads)
-    await writer.flush_pkt()
-    await writer.drain()
-    await resp.write_eof()
-    return resp
 
 
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
