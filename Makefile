@@ -17,6 +17,8 @@ serve: $(STAMP)
 	$(BIN)/gitspout serve
 
 test: $(STAMP)
+	$(BIN)/ruff check protocol server tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
