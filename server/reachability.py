@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from binascii import a2b_hex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from protocol.filters import (
@@ -79,23 +79,35 @@ def _expand_tips(src: CommitSource, tips: set[bytes]) -> tuple[list[bytes], set[
     return commits, others
 
 
-def _find_in_trees(
-    src: CommitSource, commits: Sequence[bytes], roots: set[bytes], wanted: set[bytes]
-) -> set[bytes]:
+def _iter_closure(src: CommitSource, roots: Iterable[bytes]) -> Iterator[bytes]:
+    """Every tree and blob reachable from the trees ``roots``, each once."""
     seen: set[bytes] = set()
-    stack = [src.commit(c).tree for c in commits] + [r for r in roots if src.object_type(r) == OBJ_TREE]
-    while stack and wanted:
+    stack = list(roots)
+    while stack:
         tree = stack.pop()
         if tree in seen:
             continue
         seen.add(tree)
-        wanted.discard(tree)
+        yield tree
         for _, is_tree, oid in src.tree(tree):
             if is_tree:
                 if oid not in seen:
                     stack.append(oid)
-            else:
-                wanted.discard(oid)
+            elif oid not in seen:
+                seen.add(oid)
+                yield oid
+
+
+def _find_in_trees(
+    src: CommitSource, commits: Sequence[bytes], roots: set[bytes], wanted: set[bytes]
+) -> set[bytes]:
+    """The objects of ``wanted`` that the trees of ``commits`` (and tree ``roots``) lack."""
+    trees = [src.commit(c).tree for c in commits]
+    trees += [r for r in roots if src.object_type(r) == OBJ_TREE]
+    for oid in _iter_closure(src, trees):
+        wanted.discard(oid)
+        if not wanted:
+            break
     return wanted
 
 
@@ -174,20 +186,7 @@ def _split_wants(src: CommitSource, wants: Iterable[bytes]) -> tuple[list[bytes]
 
 
 def _mark_have_trees(src: CommitSource, roots: Iterable[bytes]) -> set[bytes]:
-    have: set[bytes] = set()
-    stack = list(roots)
-    while stack:
-        tree = stack.pop()
-        if tree in have:
-            continue
-        have.add(tree)
-        for _, is_tree, oid in src.tree(tree):
-            if is_tree:
-                if oid not in have:
-                    stack.append(oid)
-            else:
-                have.add(oid)
-    return have
+    return set(_iter_closure(src, roots))
 
 
 @dataclass
