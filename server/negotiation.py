@@ -75,18 +75,21 @@ class HaveTracker:
         return self._want_commits
 
     def _reaches(self, start: bytes) -> bool:
+        """commit-reach.c can_all_from_reach_with_flag for one want: a parent the client
+        has counts whatever its date; only the walk further down stops at commits older
+        than the oldest common one."""
         cutoff = self._oldest if self._oldest is not None else 0
+        if start in self._they_have or start in self._satisfied:
+            return True
         stack = [start]
         seen = {start}
         while stack:
-            oid = stack.pop()
-            if oid in self._they_have or oid in self._satisfied:
-                return True
-            info = self.src.commit(oid)
-            if info.time < cutoff:
-                continue
+            info = self.src.commit(stack.pop())
             for parent in info.parents:
-                if parent not in seen:
+                if parent in self._they_have or parent in self._satisfied:
+                    return True
+            for parent in info.parents:
+                if parent not in seen and self.src.commit(parent).time >= cutoff:
                     seen.add(parent)
                     stack.append(parent)
         return False
