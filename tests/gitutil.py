@@ -114,16 +114,45 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: every test-started process ends this way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class RepoState:
+    """What a clone holds: refs, present objects, shallow boundary and HEAD."""
+
+    refs: str
+    objects: frozenset[str]
+    shallow: str
+    head: str
+
+
+def repo_state(git: Git, path: Path) -> RepoState:
+    refs = git.out("for-each-ref", "--format=%(objectname) %(refname)", cwd=path)
+    objs = git.out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=path)
+    gitdir = Path(git.out("rev-parse", "--absolute-git-dir", cwd=path).strip())
+    shallow_file = gitdir / "shallow"
+    shallow = "\n".join(sorted(shallow_file.read_text().split())) if shallow_file.exists() else ""
+    head = (gitdir / "HEAD").read_text().strip()
+    return RepoState(refs, frozenset(objs.split()), shallow, head)
+
+
+def fsck(git: Git, path: Path) -> None:
+    git.run("fsck", "--no-progress", "--no-dangling", cwd=path)
 
 
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from gitutil import Git, LiveServer
+from gitutil import Git, LiveServer, RepoState, fsck, repo_state
 
 VERSIONS = ("0", "1", "2")
-
-
-@dataclass
-class RepoState:
-    refs: str
-    objects: frozenset[str]
-    shallow: str
-    head: str
-
-
-def repo_state(git: Git, path: Path) -> RepoState:
-    """Refs, the set of present objects, the shallow file and HEAD of a clone."""
-    refs = git.out("for-each-ref", "--format=%(objectname) %(refname)", cwd=path)
-    objs = git.out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=path)
-    gitdir = Path(git.out("rev-parse", "--absolute-git-dir", cwd=path).strip())
-    shallow_file = gitdir / "shallow"
-    shallow = "\n".join(sorted(shallow_file.read_text().split())) if shallow_file.exists() else ""
-    head = (gitdir / "HEAD").read_text().strip()
-    return RepoState(refs, frozenset(objs.split()), shallow, head)
-
-
-def fsck(git: Git, path: Path) -> None:
-    git.run("fsck", "--no-progress", "--no-dangling", cwd=path)
 
 
 def http_url(server: LiveServer, name: str) -> str:

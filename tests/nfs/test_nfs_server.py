@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, start_server
+from gitutil import Committer, Git, LiveServer, RepoState, fsck, repo_state, start_server
 from latencyfs import op_total
 from mount import LatencyMount
 from repos_fixture import build_fixture_root
@@ -78,24 +78,6 @@ def nfs(fuse_reason: str | None, tmp_path_factory: pytest.TempPathFactory,
 # helpers
 
 
-@dataclass(frozen=True)
-class RepoState:
-    refs: str
-    objects: frozenset[str]
-    shallow: str
-    head: str
-
-
-def repo_state(git: Git, path: Path) -> RepoState:
-    refs = git.out("for-each-ref", "--format=%(objectname) %(refname)", cwd=path)
-    objs = git.out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=path)
-    gitdir = Path(git.out("rev-parse", "--absolute-git-dir", cwd=path).strip())
-    shallow = gitdir / "shallow"
-    return RepoState(refs, frozenset(objs.split()),
-                     "\n".join(sorted(shallow.read_text().split())) if shallow.exists() else "",
-                     (gitdir / "HEAD").read_text().strip())
-
-
 def assert_same(git: Git, ours: Path, theirs: Path) -> RepoState:
     """Same refs, HEAD, shallow boundary and object set; ours is fsck-clean."""
     a, b = repo_state(git, ours), repo_state(git, theirs)
@@ -104,7 +86,7 @@ def assert_same(git: Git, ours: Path, theirs: Path) -> RepoState:
     assert a.shallow == b.shallow
     assert a.objects == b.objects, (f"{len(b.objects - a.objects)} missing, "
                                     f"{len(a.objects - b.objects)} extra over http")
-    git.run("fsck", "--no-progress", "--no-dangling", cwd=ours)
+    fsck(git, ours)
     return a
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gitutil import REPO_ROOT, Committer, Git
+from gitutil import REPO_ROOT, Committer, Git, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 
 HTTP_TIMEOUT = 10.0
@@ -75,13 +75,7 @@ class CapturedServer:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
 
 def start_captured(root: Path, extra_args: Sequence[str] = (),

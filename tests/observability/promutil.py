@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gitutil import REPO_ROOT
+from gitutil import REPO_ROOT, stop_process
 from obsutil import free_port
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -177,13 +177,7 @@ class Prometheus:
         return seen[0]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self.log.close()
 
 
