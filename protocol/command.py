@@ -12,7 +12,7 @@ stateless serve loop does.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .capabilities import V2Features
 from .errors import ClientError
@@ -36,48 +36,57 @@ class CommandRequest:
     args: tuple[bytes, ...]
 
 
-def _take_capabilities(pkts: list[Pkt], features: V2Features) -> tuple[dict[bytes, object], int]:
-    seen: dict[bytes, object] = {b"server-option": []}
+@dataclass
+class _Caps:
+    """The capability section of a request as it is read."""
+
+    command: bytes | None = None
+    agent: bytes | None = None
+    object_format: bytes | None = None
+    session_id: bytes | None = None
+    server_options: list[bytes] = field(default_factory=list)
+
+
+def _take_capabilities(pkts: list[Pkt], features: V2Features) -> tuple[_Caps, int]:
+    caps = _Caps()
     i = 0
     while i < len(pkts):
         pkt = pkts[i]
         i += 1
         if pkt.kind is PktKind.DELIM:
-            return seen, i
+            return caps, i
         if pkt.kind is PktKind.FLUSH:
-            return seen, i - 1
+            return caps, i - 1
         if pkt.kind is not PktKind.DATA:
             raise ClientError("protocol error: unexpected response-end packet in request")
         if i > _MAX_CAPABILITY_LINES:
             raise ClientError("protocol error: too many capability lines")
-        _take_capability(pkt.text, seen, features)
+        _take_capability(pkt.text, caps, features)
     raise ClientError("protocol error: request ended before its flush")
 
 
-def _take_capability(line: bytes, seen: dict[bytes, object], features: V2Features) -> None:
+def _take_capability(line: bytes, caps: _Caps, features: V2Features) -> None:
     key, eq, value = line.partition(b"=")
     if key == b"command" and eq:
-        if b"command" in seen:
+        if caps.command is not None:
             raise ClientError("protocol error: command requested more than once")
         if value not in KNOWN_COMMANDS:
             shown = value[:100].decode("utf-8", "replace")
             raise ClientError(f"invalid command '{shown}'")
-        seen[b"command"] = value
+        caps.command = value
     elif key == b"agent" and eq:
-        seen[b"agent"] = value
+        caps.agent = value
     elif key == b"object-format" and eq:
         if value != features.object_format:
             raise ClientError(
                 "mismatched object format: server "
                 f"{features.object_format.decode()}; client {value[:20].decode('utf-8', 'replace')}"
             )
-        seen[b"object-format"] = value
+        caps.object_format = value
     elif key == b"session-id" and eq and features.session_id is not None:
-        seen[b"session-id"] = value
+        caps.session_id = value
     elif key == b"server-option" and eq:
-        opts = seen[b"server-option"]
-        assert isinstance(opts, list)
-        opts.append(value)
+        caps.server_options.append(value)
     else:
         shown = line[:100].decode("utf-8", "replace")
         raise ClientError(f"unknown capability '{shown}'")
@@ -106,23 +115,20 @@ def parse_command_request(
     if pkts[0].kind is PktKind.FLUSH:
         return None
     caps, pos = _take_capabilities(pkts, features)
-    command = caps.get(b"command")
-    if not isinstance(command, bytes):
+    if caps.command is None:
         raise ClientError("no command requested")
-    if b"object-format" not in caps and features.object_format != b"sha1":
+    if caps.object_format is None and features.object_format != b"sha1":
         # serve.c: a client that names no object format means SHA-1.
         raise ClientError(
             f"mismatched object format: server {features.object_format.decode()}; client sha1"
         )
     args = _take_args(pkts, pos, max_args)
-    opts = caps[b"server-option"]
-    assert isinstance(opts, list)
     return CommandRequest(
-        command=command,
-        agent=_opt(caps, b"agent"),
-        object_format=_opt(caps, b"object-format"),
-        session_id=_opt(caps, b"session-id"),
-        server_options=tuple(opts),
+        command=caps.command,
+        agent=caps.agent,
+        object_format=caps.object_format,
+        session_id=caps.session_id,
+        server_options=tuple(caps.server_options),
         args=args,
     )
 
@@ -136,8 +142,3 @@ def _until_request_end(pkts: Iterator[Pkt]) -> list[Pkt]:
         if pkt.kind is PktKind.FLUSH:
             break
     return out
-
-
-def _opt(caps: dict[bytes, object], key: bytes) -> bytes | None:
-    value = caps.get(key)
-    return value if isinstance(value, bytes) else None

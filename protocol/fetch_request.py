@@ -210,11 +210,13 @@ def _v0_flags(caps: dict[bytes, bytes], object_format: bytes) -> dict[str, objec
     }
 
 
-def _read_v0_wants(pkts: Sequence[Pkt], b: _Builder, advertised: frozenset[bytes]) -> int:
+def _read_v0_wants(
+    pkts: Sequence[Pkt], b: _Builder, advertised: frozenset[bytes], object_format: bytes
+) -> int:
     features: list[bytes] = []
     for i, pkt in enumerate(pkts):
         if pkt.kind is PktKind.FLUSH:
-            b.flags = _v0_flags(_check_v0_caps(features, advertised), b.flags["object_format"])  # type: ignore[arg-type]
+            b.flags = _v0_flags(_check_v0_caps(features, advertised), object_format)
             if b.filter is not None and b"filter" not in _names(features):
                 raise ClientError("git upload-pack: filtering capability not negotiated")
             return i + 1
@@ -288,8 +290,7 @@ def parse_v0_request(
     """
     pkts = _until_v0_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
     b = _Builder(hex_len)
-    b.flags = {"object_format": object_format}
-    pos = _read_v0_wants(pkts, b, advertised)
+    pos = _read_v0_wants(pkts, b, advertised, object_format)
     haves_end = _read_v0_haves(pkts, pos, b) if b.wants else HavesEnd.NONE
     flags = b.flags
     return b.build(

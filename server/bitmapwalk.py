@@ -93,20 +93,6 @@ class BitmapIndex:
         pos = self.pack.find(oid)
         return None if pos < 0 else self.pack.rank_of_index_pos(pos)
 
-    def type_of_rank(self, rank: int) -> int:
-        bit = 1 << rank
-        bm = self.bm
-        if bm.commits & bit:
-            return OBJ_COMMIT
-        if bm.trees & bit:
-            return OBJ_TREE
-        if bm.blobs & bit:
-            return OBJ_BLOB
-        return OBJ_TAG
-
-    def oid_of_rank(self, rank: int) -> bytes:
-        return self.pack.oid_at(self.pack.pack_order[rank])
-
     # -- closure ---------------------------------------------------------------
 
     def new_reach(self) -> Reach:

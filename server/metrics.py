@@ -179,9 +179,6 @@ class Metrics:
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)
 
-    def attach_pool(self, pool: ThreadPoolExecutor) -> None:
-        self._pool.pool = pool
-
     def scrape(self) -> bytes:
         return generate_latest(self.registry)
 

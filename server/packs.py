@@ -15,7 +15,7 @@ import sys
 import threading
 import zlib
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass
 
 __all__ = [
@@ -229,10 +229,6 @@ class PackFile:
             off = int.from_bytes(self._idx[at : at + 8], "big")
         return off
 
-    def crc_at(self, pos: int) -> int:
-        at = self._crc_at + pos * 4
-        return int.from_bytes(self._idx[at : at + 4], "big")
-
     def pack_checksum(self) -> bytes:
         """The pack's trailing checksum, as recorded at the end of the index."""
         end = len(self._idx) - self.hash_len
@@ -323,11 +319,6 @@ class PackFile:
             self._load_reverse()
         assert self._pack_order is not None
         return self._pack_order
-
-    def entry_end(self, offset: int) -> int:
-        """Offset just past the entry at ``offset``."""
-        offs = self.sorted_offsets
-        return offs[bisect_right(offs, offset)]
 
     def base_ranks(self) -> array:
         """Per pack-order rank: the rank itself for whole objects, the base's rank for
