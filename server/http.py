@@ -46,7 +46,7 @@ from .httpreq import (
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .odb import ObjectStoreError, PackRegistry
-from .repos import RepoNotFound, RepoResolver
+from .repos import Repo, RepoNotFound, RepoResolver
 from .stream import PktWriter, pump_pack
 from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
 
@@ -113,6 +113,13 @@ async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
     return resp
 
 
+async def _resolve(state: ServerState, repo_path: str) -> Repo:
+    """The repository: from the resolver's memory, or found on disk in the pool (the first
+    time it is asked for: realpath and stats must not block the event loop)."""
+    repo = state.resolver.cached(repo_path)
+    return repo if repo is not None else await state.run(state.resolver.resolve, repo_path)
+
+
 async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str,
                            rec: RequestRecord) -> web.StreamResponse:
     service = request.query.get("service")
@@ -123,7 +130,7 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
     if service != UPLOAD_PACK:
         return text_response(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
     rec.service = UPLOAD_PACK
-    ctx = state.context(state.resolver.resolve(repo_path), rec)
+    ctx = state.context(await _resolve(state, repo_path), rec)
     version = protocol_version(request)
     rec.protocol = str(version)
     start = time.monotonic()
@@ -159,7 +166,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    ctx = state.context(state.resolver.resolve(repo_path), rec)
+    ctx = state.context(await _resolve(state, repo_path), rec)
     body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
     if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
         raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")

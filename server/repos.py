@@ -198,6 +198,11 @@ class RepoResolver:
             return [rel] + ([os.path.join(plain, ".git")] if plain else [])
         return [rel + ".git", os.path.join(rel, ".git"), rel]
 
+    def cached(self, url_path: str) -> Repo | None:
+        """The repository already resolved for ``url_path`` (no I/O), or None."""
+        real = self._by_url.get(url_path)  # keys are canonical paths: no cleaning to redo
+        return self._repos.get(real) if real is not None else None
+
     def resolve(self, url_path: str, fs: FsOps | None = None) -> Repo:
         """The repository at ``url_path`` (relative to root), or :class:`RepoNotFound`."""
         parts = _clean_segments(url_path)
