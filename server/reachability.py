@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import heapq
 from binascii import a2b_hex
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from protocol.filters import (
 from .commits import CommitSource
 from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 
-__all__ = ["check_wants", "enumerate_objects", "Enumeration", "ObjectEntry"]
+__all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry"]
 
 ObjectEntry = tuple[bytes, int]
 _GITLINK = 0o160000
@@ -64,6 +65,63 @@ def check_wants(
         if left:
             return next(iter(left))
     return None
+
+
+def reachable_subset(
+    src: CommitSource, oids: Iterable[bytes], tips: Iterable[bytes]
+) -> set[bytes]:
+    """The ids of ``oids`` that exist and are reachable from ``tips``, in one walk.
+
+    One walk serves the whole batch (never one per id): commits are found by a date-ordered
+    walk from the tip commits that stops as soon as every commit asked about has been met;
+    trees and blobs, if any are asked about, by one tree closure over the walked commits.
+    An id that is missing, or reachable only from hidden refs, is simply left out.
+    """
+    tip_set = set(tips)
+    found = {o for o in oids if o in tip_set}
+    pending = {o for o in oids if o not in tip_set}
+    pending = {o for o in pending if src.odb.contains(o)}
+    if not pending:
+        return found
+    commits: set[bytes] = set()
+    others: set[bytes] = set()
+    for oid in pending:
+        (commits if src.object_type(oid) == OBJ_COMMIT else others).add(oid)
+    tip_commits, tip_others = _expand_tips(src, tip_set)
+    found.update(others & tip_others)
+    others -= tip_others
+    # Trees and blobs need every reachable commit; commits alone can stop early.
+    walked = _walk_until(src, tip_commits, commits if not others else None)
+    found.update(commits & walked)
+    if others:
+        missing = _find_in_trees(src, list(walked), tip_others, set(others))
+        found.update(others - missing)
+    return found
+
+
+def _walk_until(src: CommitSource, starts: Sequence[bytes], targets: set[bytes] | None) -> set[bytes]:
+    """Commits reachable from ``starts``, newest first, stopping once all ``targets`` (when
+    given) have been seen: a client's shallow boundary lies near the tips, so a check of it
+    costs the commits above it, not the whole history."""
+    left = set(targets) if targets is not None else None
+    seen: set[bytes] = set()
+    heap: list[tuple[int, bytes]] = []
+
+    def meet(oid: bytes) -> None:
+        seen.add(oid)
+        if left is not None:
+            left.discard(oid)
+        heapq.heappush(heap, (-src.commit(oid).time, oid))
+
+    for oid in starts:
+        if oid not in seen:
+            meet(oid)
+    while heap and (left is None or left):
+        _, oid = heapq.heappop(heap)
+        for parent in src.commit(oid).parents:
+            if parent not in seen:
+                meet(parent)
+    return seen
 
 
 def _expand_tips(src: CommitSource, tips: set[bytes]) -> tuple[list[bytes], set[bytes]]:

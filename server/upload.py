@@ -38,7 +38,7 @@ from .fsops import FsOps
 from .negotiation import HaveTracker
 from .odb import ObjectSnapshot, ObjectStoreError, PackRegistry
 from .packsource import PackStats, Progress
-from .reachability import check_wants
+from .reachability import check_wants, reachable_subset
 from .refs import RefSnapshot, read_ref_snapshot
 from .repos import Repo, RepoConfig
 from .shallow import ShallowPlan, plan_shallow
@@ -353,16 +353,31 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
 
 
 def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes]:
-    """Client shallow lines that name commits we have (upload-pack ignores the others)."""
-    out = []
-    for hex_oid in shallows:
+    """The client's shallow lines that we may act on: commits we have that are reachable
+    from a visible ref. The others are ignored, as upload-pack ignores unknown ones.
+
+    A shallow commit is unshallowed by deepening, and its parents (with their trees and
+    blobs) are then sent: a shallow line naming a commit reachable only from a hidden ref
+    would be a way round the want check (ARCHITECTURE.md, "one reachability rule"). So the
+    rule applied to wants applies here too, before anything else looks at the commit; an id
+    that fails it gets no error either, which would tell the client that it exists.
+    """
+    known: list[bytes] = []
+    for hex_oid in dict.fromkeys(shallows):
         oid = bytes.fromhex(hex_oid.decode())
-        if not ctx.odb.contains(oid):
-            continue
+        if ctx.odb.contains(oid):
+            known.append(oid)
+    if known and not ctx.config.allow_any_sha1:
+        allowed = reachable_subset(ctx.src, known, ctx.tips())
+        dropped = [o for o in known if o not in allowed]
+        if dropped:
+            log.info("ignoring %d shallow line(s) of %s not reachable from visible refs: %s",
+                     len(dropped), ctx.repo.url_path, dropped[0].hex())
+        known = [o for o in known if o in allowed]
+    for oid in known:
         if ctx.src.object_type(oid) != 1:
-            raise ClientError(f"invalid shallow object {hex_oid.decode()}", 200)
-        out.append(oid)
-    return out
+            raise ClientError(f"invalid shallow object {oid.hex()}", 200)
+    return known
 
 
 def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
