@@ -11,52 +11,17 @@ in protocol v0 and v2.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, start_server
-from packutil import hidden_only_objects, objects_reachable, pack_bytes, pack_object_ids
+from gitutil import Git, LiveServer, start_server
+from hidden_fixture import INFINITE, Leak, build_leak_repo
+from packutil import pack_bytes, pack_object_ids
 from rawhttp import FLUSH, pkt_lines, post_upload_pack, v2_command
-
-INFINITE = "2147483647"
-
-
-@dataclass
-class Leak:
-    root: Path
-    gitdir: Path
-    tip: str        # visible refs/heads/main
-    s: str          # hidden commit S
-    s2: str         # hidden child S2 of S
-    hidden_only: set[str]
-    visible: set[str]
 
 
 @pytest.fixture(scope="module")
 def leak(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Leak:
-    root = tmp_path_factory.mktemp("leakroot")
-    work = tmp_path_factory.mktemp("leakwork")
-    git.run("init", "-q", "-b", "main", str(work))
-    c = Committer(git, work)
-    for i in range(4):
-        c.commit({"README": f"v{i}\n", f"f{i}.txt": f"public {i}\n"}, f"public {i}")
-    git.run("checkout", "-q", "-b", "secret", cwd=work)
-    c.commit({"secret.txt": "top secret S\n", "sdir/inner.txt": "inner secret\n"}, "S")
-    s = git.out("rev-parse", "HEAD", cwd=work).strip()
-    c.commit({"secret2.txt": "second secret\n"}, "S2")
-    s2 = git.out("rev-parse", "HEAD", cwd=work).strip()
-    gitdir = root / "leak.git"
-    git.run("clone", "-q", "--bare", str(work), str(gitdir))
-    git.run("update-ref", "refs/hidden/secret", s, cwd=gitdir)
-    git.run("update-ref", "refs/hidden/secret2", s2, cwd=gitdir)
-    git.run("update-ref", "-d", "refs/heads/secret", cwd=gitdir)
-    git.run("config", "uploadpack.hideRefs", "refs/hidden", cwd=gitdir)
-    tip = git.out("rev-parse", "refs/heads/main", cwd=gitdir).strip()
-    hidden = hidden_only_objects(git, gitdir, ["refs/heads/main"], ["refs/hidden/secret2"])
-    assert s in hidden and s2 in hidden
-    visible = objects_reachable(git, gitdir, "refs/heads/main")
-    return Leak(root, gitdir, tip, s, s2, hidden, visible)
+    return build_leak_repo(git, tmp_path_factory.mktemp("leakroot"), tmp_path_factory.mktemp("leakwork"))
 
 
 @pytest.fixture(scope="module")
