@@ -16,14 +16,22 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/gitspout serve
 
-test: $(STAMP)
+# mypy resolves gitspout.server / gitspout.protocol through symlinks to the two folders.
+TYPECHECK := .build/typecheck/gitspout
+
+$(TYPECHECK):
+	mkdir -p $(TYPECHECK)
+	ln -sfn ../../../server $(TYPECHECK)/server
+	ln -sfn ../../../protocol $(TYPECHECK)/protocol
+
+test: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .build

@@ -195,3 +195,15 @@ def wait_for_http(
             last = repr(e)
         time.sleep(0.1)
     raise ServerError(f"GET http://{host}:{port}{path} not ready after {timeout}s: {last}")
+
+
+def link_import_root(dest: Path, packages: Sequence[str] = ("server", "protocol")) -> None:
+    """Make a copy of the top-level ``server/`` and ``protocol/`` folders in *dest*
+    importable as ``gitspout.server`` and ``gitspout.protocol`` through ``PYTHONPATH=dest``
+    (the names the installed distribution gives them: pyproject.toml ``package-dir``)."""
+    ns = dest / "gitspout"
+    ns.mkdir(exist_ok=True)
+    for pkg in packages:
+        link = ns / pkg
+        if not link.exists():
+            link.symlink_to(Path("..") / pkg)

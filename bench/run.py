@@ -73,7 +73,7 @@ if __package__ in (None, ""):
 from bench.cgroup import peak_rss_bytes  # noqa: E402
 from bench.client import GitError, client_env, clone_mirror, fsck, git_out, list_refs, run_git  # noqa: E402,E501
 from bench.peer import BenchServer, GitHttpBackend, Gitspout, find_gitspout_bin  # noqa: E402
-from bench.process import LOOPBACK, ServerError, exit_on_sigterm  # noqa: E402
+from bench.process import LOOPBACK, ServerError, exit_on_sigterm, link_import_root  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_TOP = BENCH_DIR.parent
@@ -1203,9 +1203,10 @@ def snapshot_gitspout(rev: str | None, dest: Path, gitspout_bin: Path) -> str:
                        *SERVER_PACKAGES]).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True, timeout=120)
         what = f"revision {rev} = {commit[:12]}"
+    link_import_root(dest, SERVER_PACKAGES)
     python = gitspout_bin.parent / "python"
     probe = subprocess.run(
-        [str(python), "-c", "import server.cli, protocol; print(server.cli.__file__)"],
+        [str(python), "-c", "import gitspout.server.app.cli as c, gitspout.protocol; print(c.__file__)"],
         env={**os.environ, "PYTHONPATH": str(dest)}, capture_output=True, text=True,
         timeout=60, cwd=dest)
     if probe.returncode != 0 or not probe.stdout.strip().startswith(str(dest)):

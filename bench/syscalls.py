@@ -68,7 +68,7 @@ if __package__ in (None, ""):
 
 from bench.client import client_env, git_out, run_git  # noqa: E402
 from bench.peer import BenchServer, find_gitspout_bin, make_server  # noqa: E402
-from bench.process import LOOPBACK, exit_on_sigterm  # noqa: E402
+from bench.process import LOOPBACK, exit_on_sigterm, link_import_root  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_TOP = BENCH_DIR.parent
@@ -206,10 +206,11 @@ def snapshot_gitspout(rev: str, dest: Path) -> tuple[str, dict[str, str]]:
                        *SERVER_PACKAGES]).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True, timeout=120)
         what = f"revision {rev} = {commit[:12]}"
+    link_import_root(dest, SERVER_PACKAGES)
     env = {"PYTHONPATH": str(dest)}
     probe = subprocess.run(
         [str(find_gitspout_bin().parent / "python"), "-c",
-         "import server.cli; print(server.cli.__file__)"],
+         "import gitspout.server.app.cli as c; print(c.__file__)"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=60, cwd=dest)
     if not probe.stdout.strip().startswith(str(dest)):
         raise RuntimeError(f"gitspout snapshot in {dest} is not the code imported: "

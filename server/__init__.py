@@ -1,6 +1,9 @@
-"""The gitspout server: HTTP adapter, repository access, pack sources and streaming."""
+"""The gitspout server: the shell around the sans-IO protocol package.
 
-from .config import Config, load_config
-from .http import ServerState, make_app
+Layers, each importing only from the ones below it (docs/ARCHITECTURE.md "Layers"):
+``app`` (HTTP adapter, CLI, metrics) → ``packgen`` (pack plans and sources) → ``core``
+(one request's context, fetch plan, answers) → ``graph`` (commit and object walks) →
+``store`` (repositories, refs, objects, packs, caches).
+"""
 
-__all__ = ["Config", "load_config", "ServerState", "make_app"]
+__all__: list[str] = []

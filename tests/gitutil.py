@@ -158,7 +158,7 @@ def fsck(git: Git, path: Path) -> None:
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  timeout: float = 20.0) -> LiveServer:
     """Start ``gitspout serve`` on a free port and wait until it says where it listens."""
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--root", str(root),
+    cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     full_env.update(env or {})

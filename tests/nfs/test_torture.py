@@ -336,9 +336,9 @@ def test_ref_snapshot_during_pack_refs(tmp_path: Path) -> None:
     """``git pack-refs --all`` runs between the server's packed-refs read and its walk of
     ``refs/``: the snapshot must still show main's current value, not the older value
     packed-refs held before (which makes a client's want of the tip 'not our ref')."""
-    from server.fscache import DirCache
-    from server.fsops import FsOps
-    from server.refs import RefCache, read_ref_snapshot
+    from gitspout.server.store.fscache import DirCache
+    from gitspout.server.store.fsops import FsOps
+    from gitspout.server.store.refs import RefCache, read_ref_snapshot
 
     repo, work = _bare_with_loose_tip(tmp_path)
     tip, old = _git(work, "rev-parse", "main"), _git(work, "rev-parse", "main~1")
@@ -363,9 +363,9 @@ def test_ref_snapshot_during_pack_refs(tmp_path: Path) -> None:
 def test_want_moved_by_repack_is_found(tmp_path: Path) -> None:
     """``git repack -ad`` moves the pushed (loose) tip into a new pack after the request
     froze its pack list: the want check must still find it."""
-    from server.fscache import DirCache
-    from server.fsops import FsOps
-    from server.odb import ObjectSnapshot, PackRegistry
+    from gitspout.server.store.fscache import DirCache
+    from gitspout.server.store.fsops import FsOps
+    from gitspout.server.store.odb import ObjectSnapshot, PackRegistry
 
     repo, work = _bare_with_loose_tip(tmp_path)
     tip = bytes.fromhex(_git(work, "rev-parse", "main"))

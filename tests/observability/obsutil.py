@@ -80,7 +80,7 @@ class CapturedServer:
 
 def start_captured(root: Path, extra_args: Sequence[str] = (),
                    timeout: float = 20.0) -> CapturedServer:
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--root", str(root),
+    cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from protocol.refs import HeadInfo, Ref
+from gitspout.protocol.refs import HeadInfo, Ref
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

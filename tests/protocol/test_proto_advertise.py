@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.advertise import (
+from gitspout.protocol.advertise import (
     V0_BASE_CAPABILITIES,
     format_service_header,
     format_v0_capabilities,
     iter_v0_advertisement,
     sorted_refs,
 )
-from protocol.capabilities import V2Features, fetch_features, iter_v2_capabilities
-from protocol.fetch_response import (
+from gitspout.protocol.capabilities import V2Features, fetch_features, iter_v2_capabilities
+from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
     iter_shallow_info,
     iter_shallow_lines,
     iter_wanted_refs,
 )
-from protocol.refs import (
+from gitspout.protocol.refs import (
     HeadInfo,
     Ref,
     parse_hide_pattern,

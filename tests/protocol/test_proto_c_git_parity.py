@@ -5,17 +5,16 @@ repeated have, and bytes after the end of a request left undecoded."""
 from __future__ import annotations
 
 import pytest
+from gitspout.protocol.capabilities import V2Features
+from gitspout.protocol.command import parse_command_request
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import parse_v0_request, parse_v2_fetch_args
+from gitspout.protocol.fetch_response import iter_shallow_lines
+from gitspout.protocol.filters import parse_filter_spec
+from gitspout.protocol.negotiate import negotiate_v2
+from gitspout.protocol.object_info import iter_object_info, parse_object_info_args
+from gitspout.protocol.pktline import FLUSH_PKT, encode_pkt
 from protocol_testlib import GraphOracle, exchanges, split_pkts
-
-from protocol.capabilities import V2Features
-from protocol.command import parse_command_request
-from protocol.errors import ClientError
-from protocol.fetch_request import parse_v0_request, parse_v2_fetch_args
-from protocol.fetch_response import iter_shallow_lines
-from protocol.filters import parse_filter_spec
-from protocol.negotiate import negotiate_v2
-from protocol.object_info import iter_object_info, parse_object_info_args
-from protocol.pktline import FLUSH_PKT, encode_pkt
 
 EX = exchanges()
 F = V2Features(agent=b"git/2.39.5")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.capabilities import V2Features
-from protocol.command import KNOWN_COMMANDS, CommandRequest, parse_command_request
-from protocol.errors import ClientError
-from protocol.pktline import DELIM_PKT, FLUSH_PKT, RESPONSE_END_PKT, Pkt, PktKind, encode_pkt
+from gitspout.protocol.capabilities import V2Features
+from gitspout.protocol.command import KNOWN_COMMANDS, CommandRequest, parse_command_request
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, RESPONSE_END_PKT, Pkt, PktKind, encode_pkt
 
 F = V2Features(agent=b"gitspout/test")
 F256 = V2Features(agent=b"gitspout/test", object_format=b"sha256")

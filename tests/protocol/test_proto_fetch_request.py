@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.capabilities import V2Features
-from protocol.errors import ClientError
-from protocol.fetch_request import (
+from gitspout.protocol.capabilities import V2Features
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import (
     INFINITE_DEPTH,
     FetchRequest,
     HavesEnd,
@@ -15,8 +14,8 @@ from protocol.fetch_request import (
     parse_v0_request,
     parse_v2_fetch_args,
 )
-from protocol.filters import BlobLimit, BlobNone, Combine, TreeDepth
-from protocol.pktline import DELIM_PKT, FLUSH_PKT, RESPONSE_END_PKT, Pkt, PktKind, encode_pkt
+from gitspout.protocol.filters import BlobLimit, BlobNone, Combine, TreeDepth
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, RESPONSE_END_PKT, Pkt, PktKind, encode_pkt
 
 W1 = b"1" * 40
 W2 = b"2" * 40

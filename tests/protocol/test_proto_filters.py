@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.errors import ClientError
-from protocol.filters import (
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.filters import (
     BlobLimit,
     BlobNone,
     Combine,

@@ -9,6 +9,21 @@ capability only when configured, the fixture was recorded with that config (see
 from __future__ import annotations
 
 import pytest
+from gitspout.protocol.advertise import (
+    format_service_header,
+    format_v0_capabilities,
+    iter_v0_advertisement,
+)
+from gitspout.protocol.capabilities import V2Features, iter_v2_capabilities
+from gitspout.protocol.command import parse_command_request
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import HavesEnd, parse_v0_request, parse_v2_fetch_args
+from gitspout.protocol.fetch_response import iter_shallow_lines
+from gitspout.protocol.ls_refs import LsRefsRequest, iter_ls_refs, parse_ls_refs_args
+from gitspout.protocol.negotiate import negotiate_v0, negotiate_v2
+from gitspout.protocol.object_info import iter_object_info, parse_object_info_args
+from gitspout.protocol.oid import zero_oid
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, encode_pkt
 from protocol_testlib import (
     SERVER_AGENT,
     Exchange,
@@ -21,22 +36,6 @@ from protocol_testlib import (
     recorded_agent,
     split_pkts,
 )
-
-from protocol.advertise import (
-    format_service_header,
-    format_v0_capabilities,
-    iter_v0_advertisement,
-)
-from protocol.capabilities import V2Features, iter_v2_capabilities
-from protocol.command import parse_command_request
-from protocol.errors import ClientError
-from protocol.fetch_request import HavesEnd, parse_v0_request, parse_v2_fetch_args
-from protocol.fetch_response import iter_shallow_lines
-from protocol.ls_refs import LsRefsRequest, iter_ls_refs, parse_ls_refs_args
-from protocol.negotiate import negotiate_v0, negotiate_v2
-from protocol.object_info import iter_object_info, parse_object_info_args
-from protocol.oid import zero_oid
-from protocol.pktline import DELIM_PKT, FLUSH_PKT, encode_pkt
 
 EX = exchanges()
 
@@ -113,7 +112,7 @@ def test_http_info_refs_v2_has_no_service_preamble() -> None:
 
 def test_empty_repository_advertisement_differs_from_239_on_purpose() -> None:
     """git 2.39 sends only a flush for an empty repository; newer git (2.41, "upload-pack:
-    advertise capabilities when cloning empty repos") and PROTOCOL-NOTES 2 send
+    advertise capabilities when cloning empty repos") and ARCHITECTURE.md P2 send
     ``<zero-oid> capabilities^{}\\0<caps>``, which lets the client learn object-format.
     Any git client accepts both."""
     ex = EX["v0-adv-empty"]

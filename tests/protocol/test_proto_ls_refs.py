@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.errors import ClientError
-from protocol.ls_refs import TOO_MANY_PREFIXES, LsRefsRequest, iter_ls_refs, parse_ls_refs_args
-from protocol.refs import HeadInfo, Ref
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.ls_refs import TOO_MANY_PREFIXES, LsRefsRequest, iter_ls_refs, parse_ls_refs_args
+from gitspout.protocol.refs import HeadInfo, Ref
 
 A = b"a" * 40
 B = b"b" * 40

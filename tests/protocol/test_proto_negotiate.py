@@ -6,10 +6,9 @@ common haves ``ok_to_give_up`` becomes true. The fixture tests replay C git's ow
 
 from __future__ import annotations
 
+from gitspout.protocol.fetch_request import FetchRequest, HavesEnd, MultiAck, Sideband
+from gitspout.protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 from protocol_testlib import GraphOracle, ScriptedOracle, label
-
-from protocol.fetch_request import FetchRequest, HavesEnd, MultiAck, Sideband
-from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 
 W = b"f" * 40
 C1 = b"1" * 40

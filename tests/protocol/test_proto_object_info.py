@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.errors import ClientError
-from protocol.object_info import (
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.object_info import (
     MAX_OBJECT_INFO_OIDS,
     ObjectInfoRequest,
     iter_object_info,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from protocol.errors import ClientError
-from protocol.oid import HEX_LEN, ZERO_OID, is_oid, parse_oid, zero_oid
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.oid import HEX_LEN, ZERO_OID, is_oid, parse_oid, zero_oid
 
 SHA1 = b"0123456789abcdef0123456789abcdef01234567"
 SHA256 = b"0123456789abcdef" * 4

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from protocol.errors import ClientError
-from protocol.pktline import (
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.pktline import (
     DEFAULT_CHUNK_SIZE,
     DELIM_PKT,
     FLUSH_PKT,

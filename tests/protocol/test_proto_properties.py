@@ -1,6 +1,6 @@
 """Hypothesis properties for protocol/.
 
-The fuzz invariant (DESIGN.md "Errors"): any input either parses or raises
+The fuzz invariant (docs/ARCHITECTURE.md "Errors"): any input either parses or raises
 :class:`protocol.errors.ClientError`, never anything else. Inputs are drawn both as raw bytes
 and from a vocabulary of plausible wire lines (then framed, truncated or corrupted), so that
 the parsers get past their first check. Round trips cover the framing and filter specs.
@@ -11,21 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-from protocol_testlib import GraphOracle, facts
-
-from protocol.capabilities import V2Features
-from protocol.command import parse_command_request
-from protocol.errors import ClientError
-from protocol.fetch_request import (
+from gitspout.protocol.capabilities import V2Features
+from gitspout.protocol.command import parse_command_request
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import (
     FetchRequest,
     HavesEnd,
     MultiAck,
     parse_v0_request,
     parse_v2_fetch_args,
 )
-from protocol.filters import (
+from gitspout.protocol.filters import (
     BlobLimit,
     BlobNone,
     Combine,
@@ -35,10 +31,10 @@ from protocol.filters import (
     format_filter_spec,
     parse_filter_spec,
 )
-from protocol.ls_refs import parse_ls_refs_args
-from protocol.negotiate import negotiate_v0, negotiate_v2
-from protocol.object_info import parse_object_info_args
-from protocol.pktline import (
+from gitspout.protocol.ls_refs import parse_ls_refs_args
+from gitspout.protocol.negotiate import negotiate_v0, negotiate_v2
+from gitspout.protocol.object_info import parse_object_info_args
+from gitspout.protocol.pktline import (
     MAX_PKT_PAYLOAD,
     NEED_MORE,
     Pkt,
@@ -48,7 +44,10 @@ from protocol.pktline import (
     encode_pkt,
     iter_pkts,
 )
-from protocol.sideband import iter_band_packets
+from gitspout.protocol.sideband import iter_band_packets
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from protocol_testlib import GraphOracle, facts
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 QUICK = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

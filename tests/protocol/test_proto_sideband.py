@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from protocol.pktline import MAX_PKT_LEN, Pkt, PktKind, decode_pkt, iter_pkts
-from protocol.sideband import (
+from gitspout.protocol.pktline import MAX_PKT_LEN, Pkt, PktKind, decode_pkt, iter_pkts
+from gitspout.protocol.sideband import (
     BAND_DATA,
     BAND_ERROR,
     BAND_PROGRESS,

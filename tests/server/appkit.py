@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp.test_utils import TestClient, TestServer
-
-from server.config import load_config
-from server.http import RUNNER_KWARGS, ServerState, make_app
+from gitspout.server.app.config import load_config
+from gitspout.server.app.http import RUNNER_KWARGS, ServerState, make_app
 
 T = TypeVar("T")
 APP_TIMEOUT = 60.0

@@ -1,5 +1,5 @@
 """Request bodies: gzip (valid, broken, bombs), size caps, chunked transfer, probes, and
-bodies cut short (PROTOCOL-NOTES 4: read the whole request, with a cap, before answering)."""
+bodies cut short (ARCHITECTURE.md P4: read the whole request, with a cap, before answering)."""
 
 from __future__ import annotations
 

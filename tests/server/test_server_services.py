@@ -1,5 +1,5 @@
-"""Services, methods, content types and response headers (gitprotocol-http; PROTOCOL-NOTES
-1 and 11)."""
+"""Services, methods, content types and response headers (gitprotocol-http; ARCHITECTURE.md
+P1 and P11)."""
 
 from __future__ import annotations
 

@@ -16,23 +16,26 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
-
-from protocol.advertise import format_service_header
-from protocol.command import parse_command_request
-from protocol.errors import ClientError
-from protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
-from protocol.fetch_response import (
+from gitspout.protocol.advertise import format_service_header
+from gitspout.protocol.command import parse_command_request
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
+from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
     iter_shallow_info,
     iter_shallow_lines,
     iter_wanted_refs,
 )
-from protocol.ls_refs import parse_ls_refs_args
-from protocol.object_info import parse_object_info_args
-from protocol.pktline import PktBuffer
+from gitspout.protocol.ls_refs import parse_ls_refs_args
+from gitspout.protocol.object_info import parse_object_info_args
+from gitspout.protocol.pktline import PktBuffer
 
+from ..core.upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, plan_fetch
+from ..packgen.packplan import iter_pack
+from ..store.fscache import DirCache
+from ..store.odb import ObjectStoreError, PackRegistry
+from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
-from .fscache import DirCache
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
@@ -45,10 +48,7 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
-from .odb import ObjectStoreError, PackRegistry
-from .repos import Repo, RepoNotFound, RepoResolver
 from .stream import PktWriter, pump_pack
-from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
 

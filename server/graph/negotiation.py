@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..store.odb import ObjectStoreError
+from ..store.packs import OBJ_COMMIT
 from .commits import CommitSource
-from .odb import ObjectStoreError
-from .packs import OBJ_COMMIT
 
 __all__ = ["HaveTracker"]
 

@@ -14,36 +14,36 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from protocol.advertise import format_v0_capabilities, iter_v0_advertisement
-from protocol.capabilities import V2Features, iter_v2_capabilities
-from protocol.errors import ClientError
-from protocol.fetch_request import FetchRequest
-from protocol.filters import (
+from gitspout.protocol.advertise import format_v0_capabilities, iter_v0_advertisement
+from gitspout.protocol.capabilities import V2Features, iter_v2_capabilities
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import FetchRequest
+from gitspout.protocol.filters import (
     FilterSpec,
     SparseOid,
     TreeDepth,
     filter_config_name,
     iter_filter_leaves,
 )
-from protocol.ls_refs import LsRefsRequest, iter_ls_refs
-from protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
-from protocol.object_info import ObjectInfoRequest, iter_object_info
-from protocol.oid import zero_oid
-from protocol.pktline import PktBuffer
-from protocol.refs import HeadInfo, Ref, ref_matches_prefixes
+from gitspout.protocol.ls_refs import LsRefsRequest, iter_ls_refs
+from gitspout.protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
+from gitspout.protocol.object_info import ObjectInfoRequest, iter_object_info
+from gitspout.protocol.oid import zero_oid
+from gitspout.protocol.pktline import PktBuffer
+from gitspout.protocol.refs import HeadInfo, Ref, ref_matches_prefixes
 
-from .commits import CommitSource
-from .fscache import DirCache
-from .fsops import FsOps
-from .negotiation import HaveTracker
-from .odb import ObjectSnapshot, ObjectStoreError, PackRegistry
-from .packsource import PackStats, Progress
-from .reachability import check_wants, reachable_subset
-from .refs import RefSnapshot, read_ref_snapshot
-from .repos import Repo, RepoConfig
-from .shallow import ShallowPlan, plan_shallow
+from ..graph.commits import CommitSource
+from ..graph.negotiation import HaveTracker
+from ..graph.reachability import check_wants, reachable_subset
+from ..graph.shallow import ShallowPlan, plan_shallow
+from ..store.fscache import DirCache
+from ..store.fsops import FsOps
+from ..store.odb import ObjectSnapshot, ObjectStoreError, PackRegistry
+from ..store.refs import RefSnapshot, read_ref_snapshot
+from ..store.repos import Repo, RepoConfig
+from .stats import PackStats
 
-__all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch", "iter_pack"]
+__all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch"]
 
 log = logging.getLogger("gitspout")
 HASH_LEN = {"sha1": 20, "sha256": 32}
@@ -382,7 +382,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
 
 def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
     """Every want must exist and, unless allowAnySHA1InWant, be reachable from a visible
-    ref (PROTOCOL-NOTES 7). The refusal names the first offending id, as C git does."""
+    ref (ARCHITECTURE.md P7). The refusal names the first offending id, as C git does."""
     # A want is a true miss: the object list may be older than a concurrent repack, so
     # look again (one rescan per request at most) before calling it unknown.
     missing = [w for w in wants if ctx.odb.locate(w, needed=True) is None]
@@ -394,17 +394,3 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
                  ctx.odb.rescans, len(ctx.odb.packs))
         raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
-
-
-def iter_pack(ctx: RequestContext, plan: FetchPlan) -> Iterator[bytes | Progress]:
-    """Enumerate, then produce the pack: the iterator the stream writer pulls from."""
-    from .packplan import build_pack_source  # packplan builds on this module
-
-    source = build_pack_source(ctx, plan)
-    n = source.stats.objects
-    yield Progress(b"Enumerating objects: %d, done.\n" % n)
-    yield Progress(b"Counting objects: 100%% (%d/%d), done.\n" % (n, n))
-    ctx.pack_stats = source.stats
-    start = time.monotonic()
-    yield from source.chunks()
-    ctx.timed("pack", start)

@@ -1,4 +1,4 @@
-"""PackSource: where the bytes of an outgoing pack come from (DESIGN.md invariant 5).
+"""PackSource: where the bytes of an outgoing pack come from (ARCHITECTURE.md I5).
 
 Fastest first:
 
@@ -28,8 +28,9 @@ from typing import Protocol
 
 from dulwich._pack import create_delta
 
-from .odb import ObjectSnapshot, PackedLocation
-from .packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header, parse_entry_header
+from ..core.stats import PackStats, Progress
+from ..store.odb import ObjectSnapshot, PackedLocation
+from ..store.packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header, parse_entry_header
 
 __all__ = [
     "PackSource",
@@ -45,36 +46,6 @@ __all__ = [
 
 CHUNK = 512 << 10  # pack bytes handed to the writer per step
 READ_WINDOW = 4 << 20  # bytes read from a pack file per pread when copying runs
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """A progress line for side-band channel 2 (already formatted, with \\r or \\n)."""
-
-    text: bytes
-
-
-@dataclass
-class PackStats:
-    """What a source sent, by kind (for the Total line, logs and metrics)."""
-
-    objects: int = 0
-    deltas: int = 0
-    reused: int = 0
-    reused_deltas: int = 0
-    generated: int = 0
-    verbatim: int = 0
-    size: int = 0  # the pack's bytes on the wire
-    pack_reused: int = 0
-    kind: str = ""
-    reused_bytes: int = 0  # entries copied from packs (verbatim sources count as reused)
-    generated_bytes: int = 0  # entries compressed here
-
-    def total_line(self) -> bytes:
-        return (
-            b"Total %d (delta %d), reused %d (delta %d), pack-reused %d\n"
-            % (self.objects, self.deltas, self.reused, self.reused_deltas, self.pack_reused)
-        )
 
 
 class PackSource(Protocol):

@@ -1,5 +1,5 @@
 """Writing a response: 32 KiB buffered pkt-lines, side-band framing, progress, keepalive,
-backpressure and cancellation (DESIGN.md "server/stream.py").
+backpressure and cancellation (docs/ARCHITECTURE.md I3).
 
 Every write to the transport goes through :meth:`PktWriter._send`, which is where write
 calls per response are counted.
@@ -14,10 +14,9 @@ from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
-
-from protocol.fetch_request import Sideband
-from protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
-from protocol.sideband import (
+from gitspout.protocol.fetch_request import Sideband
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
+from gitspout.protocol.sideband import (
     BAND_DATA,
     BAND_ERROR,
     BAND_PROGRESS,
@@ -26,7 +25,7 @@ from protocol.sideband import (
     max_band_payload,
 )
 
-from .packsource import Progress
+from ..core.stats import Progress
 
 __all__ = ["PktWriter", "pump_pack"]
 

@@ -14,8 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from dulwich.config import ConfigFile
-
-from protocol.refs import parse_hide_pattern
+from gitspout.protocol.refs import parse_hide_pattern
 
 from .fscache import DirCache
 from .fsops import FsOps

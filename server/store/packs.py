@@ -1,6 +1,6 @@
 """One pack file and its index, cached for the life of the process.
 
-Pack files never change; only the set of packs does (DESIGN.md invariant 1). A
+Pack files never change; only the set of packs does (ARCHITECTURE.md I1). A
 :class:`PackFile` keeps its ``.idx`` mapped and its ``.pack`` open, and computes the reverse
 index (entry boundaries) and bitmaps lazily, once. It is safe to share between threads.
 """

@@ -1,4 +1,4 @@
-"""Choose how to produce a fetch's pack (DESIGN.md invariant 5): fastest source first.
+"""Choose how to produce a fetch's pack (ARCHITECTURE.md I5): fastest source first.
 
 With a bitmapped pack and no shallow boundary, the object set comes from bitmaps; if it
 is exactly the pack's contents the pack goes out verbatim. Otherwise entries are copied
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from .bitmaps import iter_set_bits
-from .bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
-from .packs import OBJ_TAG, PackFile
+from ..core.stats import Progress
+from ..core.upload import FetchPlan, RequestContext
+from ..graph.bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
+from ..graph.reachability import Enumeration, enumerate_objects
+from ..store.bitmaps import iter_set_bits
+from ..store.packs import OBJ_TAG, PackFile
 from .packsource import (
     PackSource,
     ReusePackSource,
@@ -22,10 +25,8 @@ from .packsource import (
     WholePackSource,
     select_objects,
 )
-from .reachability import Enumeration, enumerate_objects
-from .upload import FetchPlan, RequestContext
 
-__all__ = ["build_pack_source"]
+__all__ = ["build_pack_source", "iter_pack"]
 
 
 def _tag_refs(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
@@ -152,3 +153,15 @@ def _thin_from_reach(bi: BitmapIndex, haves: Reach) -> ThinCheck:
         return found is not None and haves.test(found)
 
     return has
+
+
+def iter_pack(ctx: RequestContext, plan: FetchPlan) -> Iterator[bytes | Progress]:
+    """Enumerate, then produce the pack: the iterator the stream writer pulls from."""
+    source = build_pack_source(ctx, plan)
+    n = source.stats.objects
+    yield Progress(b"Enumerating objects: %d, done.\n" % n)
+    yield Progress(b"Counting objects: 100%% (%d/%d), done.\n" % (n, n))
+    ctx.pack_stats = source.stats
+    start = time.monotonic()
+    yield from source.chunks()
+    ctx.timed("pack", start)

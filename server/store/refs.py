@@ -1,4 +1,4 @@
-"""The refs of a repository as one request sees them (DESIGN.md invariant 2).
+"""The refs of a repository as one request sees them (ARCHITECTURE.md I2).
 
 Everything is read through the process-wide :class:`DirCache`: the git directory's listing
 (one stat) gives the inodes of ``HEAD`` and ``packed-refs``, whose contents and parse are
@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from protocol.refs import HeadInfo, Ref, ref_is_hidden
+from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from .fscache import DirCache, Listing
 from .fsops import FsOps

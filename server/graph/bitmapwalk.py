@@ -13,13 +13,13 @@ import heapq
 from binascii import a2b_hex
 from collections.abc import Iterable
 
-from protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
+from gitspout.protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
 
-from .bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
+from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
+from ..store.lru import ByteLRU
+from ..store.odb import ObjectSnapshot
+from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
 from .commits import CommitSource
-from .lru import ByteLRU
-from .odb import ObjectSnapshot
-from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
 
 _GITLINK = 0o160000
 _TreeRoot = tuple[bytes, bytes | None, bytes | None]

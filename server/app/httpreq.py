@@ -1,5 +1,5 @@
 """Decoding an HTTP request for the adapter: the path, ``Git-Protocol``, the body (gzip
-under caps, PROTOCOL-NOTES 4) and plain-text error answers."""
+under caps, ARCHITECTURE.md P4) and plain-text error answers."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def split_path(path: str) -> tuple[str, str]:
 
 
 async def read_body(request: web.Request, max_body: int, max_inflated: int) -> bytes:
-    """The whole request body, gunzipped, under both caps (PROTOCOL-NOTES 4)."""
+    """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4)."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip"):
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")

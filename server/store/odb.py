@@ -1,4 +1,4 @@
-"""The object database as one request sees it (DESIGN.md invariant 1).
+"""The object database as one request sees it (ARCHITECTURE.md I1).
 
 An :class:`ObjectSnapshot` freezes the pack list when it is made. Per-pack data comes from
 the process-wide :class:`PackRegistry`, keyed by pack name and inode, so a request opens no

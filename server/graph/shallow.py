@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.errors import ClientError
-from protocol.fetch_request import INFINITE_DEPTH, FetchRequest
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.fetch_request import INFINITE_DEPTH, FetchRequest
 
+from ..store.packs import OBJ_COMMIT
 from .commits import CommitSource
-from .packs import OBJ_COMMIT
 
 __all__ = ["ShallowPlan", "plan_shallow"]
 

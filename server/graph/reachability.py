@@ -1,7 +1,7 @@
-"""Which objects a fetch may have and must get (DESIGN.md: wants − haves, shallow, filter).
+"""Which objects a fetch may have and must get (ARCHITECTURE.md I7).
 
 * :func:`check_wants`: every want must be reachable from a visible ref (gitprotocol-pack,
-  PROTOCOL-NOTES 7). Objects reachable only from hidden refs are never served.
+  ARCHITECTURE.md P7). Objects reachable only from hidden refs are never served.
 * :func:`enumerate_objects`: ``rev-list --objects wants --not haves`` with shallow cuts,
   object filters and include-tag, as an ordered list of (binary id, type number).
 """
@@ -13,7 +13,7 @@ from binascii import a2b_hex
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from protocol.filters import (
+from gitspout.protocol.filters import (
     BlobLimit,
     BlobNone,
     Combine,
@@ -22,8 +22,8 @@ from protocol.filters import (
     TreeDepth,
 )
 
+from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 from .commits import CommitSource
-from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 
 __all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry"]
 

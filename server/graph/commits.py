@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from dulwich._objects import parse_tree
 
-from .commitgraph import CommitGraph
-from .odb import MissingObject, ObjectSnapshot, ObjectStoreError
-from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
+from ..store.commitgraph import CommitGraph
+from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
+from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 
 __all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
 
