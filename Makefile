@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test test-min-deps lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,23 @@ test: $(STAMP) $(TYPECHECK)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
+# The compat suite against the oldest dulwich that pyproject.toml admits, in its own venv.
+MIN_VENV := .venv-min
+DULWICH_MIN := $(shell sed -n 's/.*"dulwich>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+
+$(MIN_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install -q --upgrade pip
+	$(MIN_VENV)/bin/pip install -q -e '.[test]' 'dulwich==$(DULWICH_MIN)'
+	touch $@
+
+test-min-deps: $(MIN_VENV)/.installed
+	$(MIN_VENV)/bin/python -c 'import dulwich; v = ".".join(map(str, dulwich.__version__)); assert v == "$(DULWICH_MIN)", v; print("dulwich", v)'
+	$(MIN_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/compat
+
 lint: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .build
+	rm -rf $(VENV) $(MIN_VENV) .build

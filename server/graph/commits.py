@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from dulwich._objects import parse_tree
+from dulwich.objects import parse_tree
 
 from ..store.commitgraph import CommitGraph
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
@@ -147,7 +147,7 @@ class CommitSource:
         if type_num != OBJ_TREE:
             raise ObjectStoreError(f"{oid.hex()} is not a tree")
         try:
-            return parse_tree(data, self.odb.hash_len)  # type: ignore[no-any-return]
+            return list(parse_tree(data, self.odb.hash_len))
         except Exception as exc:  # dulwich raises ObjectFormatException and friends
             raise ObjectStoreError(f"malformed tree: {exc}") from None
 

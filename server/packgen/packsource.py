@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dulwich._pack import create_delta
+from dulwich.pack import create_delta
 
 from ..core.stats import PackStats, Progress
 from ..store.odb import ObjectSnapshot, PackedLocation
@@ -358,7 +358,7 @@ class ReusePackSource:
         base_type, base_data = self.odb.read(base)
         if base_type != type_num:
             return False
-        delta = create_delta(base_data, data)
+        delta = b"".join(create_delta(base_data, data))
         if len(delta) > len(data) // 2:
             return False
         if base_at is not None and self.ofs_delta:

@@ -14,7 +14,7 @@ import os
 import zlib
 from dataclasses import dataclass
 
-from dulwich._pack import apply_delta
+from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph, load_commit_graph
 from .fscache import DirCache, Listing
@@ -310,7 +310,7 @@ class ObjectSnapshot:
         else:
             raise ObjectStoreError("delta chain too long")
         for p, off, hdr in reversed(chain):
-            data = b"".join(apply_delta(data, p.inflate(hdr)))  # type: ignore[arg-type]
+            data = b"".join(apply_delta(data, p.inflate(hdr)))
             cache.put((p.key, off), (type_num, data), len(data))
         return type_num, data
 
