@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +108,7 @@ class LiveServer:
     root: Path
     proc: subprocess.Popen[bytes]
     port: int
+    lines: list[str] = field(default_factory=list)  # its output so far (log lines)
 
     @property
     def url(self) -> str:
@@ -173,19 +174,21 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
         m = re.search(r"serving .* at http://127\.0\.0\.1:(\d+)/", line)
         if m:
             server = LiveServer(root, proc, int(m.group(1)))
-            _drain_in_background(proc)
+            _drain_in_background(proc, server.lines)
             return server
     proc.kill()
     raise RuntimeError("gitspout did not start")
 
 
-def _drain_in_background(proc: subprocess.Popen[bytes]) -> None:
+def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str]) -> None:
     import threading
 
     def drain() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stderr.write("[gitspout] " + line.decode(errors="replace"))
+            text = line.decode(errors="replace")
+            sink.append(text.rstrip("\n"))
+            sys.stderr.write("[gitspout] " + text)
 
     threading.Thread(target=drain, daemon=True).start()
 

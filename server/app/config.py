@@ -24,6 +24,11 @@ class Config:
     """Settings of one gitspout process."""
 
     root: str = field(default=".", metadata={"help": "directory whose repositories are served"})
+    allow_symlinks_outside_root: bool = field(
+        default=False,
+        metadata={"help": "follow symlinks (to a repository, or inside one: objects, refs, "
+                          "packed-refs, alternates...) that lead outside the root"},
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8080, metadata={"help": "TCP port to listen on"})
     config: str | None = field(default=None, metadata={"help": "optional TOML config file"})

@@ -32,6 +32,7 @@ from gitspout.protocol.pktline import PktBuffer
 
 from ..core.upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, plan_fetch
 from ..packgen.packplan import iter_pack
+from ..store.confine import LinkGuard, OutsideRoot
 from ..store.fscache import DirCache
 from ..store.odb import ObjectStoreError, PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
@@ -76,12 +77,13 @@ class ServerState:
     def create(cls, cfg: Config) -> ServerState:
         pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout")
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
+        root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
         state = cls(
             cfg,
-            RepoResolver(str(cfg.root_path()), cfg.cross_request_cache),
+            RepoResolver(root, cfg.cross_request_cache, allow),
             PackRegistry(),
             pool,
-            DirCache(enabled=cfg.cross_request_cache),
+            DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
         )
         caches = state.metrics.caches.sources
@@ -101,8 +103,7 @@ class ServerState:
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
-        ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(),
-                             self.resolver.root, self.dirs)
+        ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(), self.dirs)
         rec.context = ctx
         return ctx
 
@@ -230,6 +231,9 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
                         state.cfg.keepalive, plan.req.no_progress)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
+    except OutsideRoot as exc:  # met only now, in a directory listed while packing
+        log.warning("refusing /%s: %s", ctx.repo.url_path, exc)
+        await writer.error("upload-pack: repository not available", in_band=True)
     except (ObjectStoreError, OSError) as exc:
         log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
         await writer.error(f"upload-pack: {exc}", in_band=True)
@@ -410,6 +414,11 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         raise asyncio.CancelledError() from None
     except RepoNotFound:
         state.resolver.forget(repo_path)
+        return text_response(404, f"repository not found: /{repo_path}")
+    except OutsideRoot as exc:
+        # A symlink in the repository leads outside the root: the same answer as for a
+        # repository that is not there, and the operator learns which link it was.
+        log.warning("refusing /%s: %s", repo_path, exc)
         return text_response(404, f"repository not found: /{repo_path}")
     except HttpError as exc:
         return text_response(exc.status, exc.text)

@@ -65,7 +65,6 @@ class RequestContext:
     repo: Repo
     registry: PackRegistry
     agent: bytes
-    allowed_root: str
     dirs: DirCache = field(default_factory=lambda: DirCache(enabled=False))
     fs: FsOps = field(default_factory=FsOps)
     phases: dict[str, float] = field(default_factory=dict)
@@ -99,7 +98,7 @@ class RequestContext:
     def odb(self) -> ObjectSnapshot:
         if self._odb is None:
             self._odb = ObjectSnapshot(self.repo.objects_dir, self.hash_len, self.registry,
-                                       self.fs, self.allowed_root, dirs=self.dirs)
+                                       self.fs, dirs=self.dirs)
         return self._odb
 
     @property

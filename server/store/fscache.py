@@ -8,15 +8,21 @@ unseen), the same guard git uses for its index ("racy git").
 
 Freshness is exactly that of ``stat()``. On NFS, attribute caching (``actimeo``,
 ``acdirmin``/``acdirmax``) may return an older mtime for a while; see README "NFS".
+
+Listings also record which entries are symlinks (from ``d_type``, no extra syscall), so that
+the :class:`~server.confine.LinkGuard` is asked about those entries only.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .confine import LinkGuard
 from .fsops import FsOps
 
 __all__ = ["DirCache", "Listing", "Entry", "RACY_NS"]
@@ -32,6 +38,7 @@ class Listing:
     key: tuple[int, int, int]
     entries: tuple[Entry, ...]
     trusted: bool
+    links: frozenset[str] = frozenset()  # names of the entries that are symlinks
 
     def names(self) -> dict[str, Entry]:
         return {e[0]: e for e in self.entries}
@@ -44,8 +51,10 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
 class DirCache:
     """Listings of directories and contents of small files, shared by all requests."""
 
-    def __init__(self, enabled: bool = True, max_dirs: int = 100_000) -> None:
+    def __init__(self, enabled: bool = True, max_dirs: int = 100_000,
+                 guard: LinkGuard | None = None) -> None:
         self.enabled = enabled
+        self.guard = guard  # None: symlinks are followed wherever they lead (tests, tools)
         self.max_dirs = max_dirs
         self._dirs: dict[str, Listing] = {}
         self._files: dict[tuple[str, int, tuple[int, int, int]], bytes] = {}
@@ -53,9 +62,21 @@ class DirCache:
         self.hits = 0
         self.misses = 0
 
-    def listing(self, fs: FsOps, path: str) -> Listing | None:
-        """The entries of ``path`` (None when it does not exist): one stat when cached."""
-        st = fs.stat_or_none(path)
+    def listing(self, fs: FsOps, path: str, nofollow: bool = False) -> Listing | None:
+        """The entries of ``path`` (None when it does not exist): one stat when cached.
+
+        ``nofollow`` is for a directory whose parent nobody listed (``objects/pack``,
+        ``objects/info``): it is looked at with ``lstat()``, which costs the same, and when
+        it turns out to be a symlink the guard checks where it leads (and a ``stat()``
+        gives the key of the directory it leads to)."""
+        if nofollow:
+            st = fs.lstat_or_none(path)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                if self.guard is not None:
+                    self.guard.check_link(fs, path)
+                st = fs.stat_or_none(path)
+        else:
+            st = fs.stat_or_none(path)
         if st is None:
             return None
         key = _stat_key(st)
@@ -65,16 +86,26 @@ class DirCache:
             return cached
         self.misses += 1
         now = time.time_ns()
-        entries = tuple(
-            (e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in fs.scandir_or_empty(path)
-        )
-        listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS)
+        found = fs.scandir_or_empty(path)
+        entries = tuple((e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found)
+        links = frozenset(e.name for e in found if e.is_symlink())
+        listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
         if self.enabled:
             with self._lock:
                 if len(self._dirs) >= self.max_dirs:
                     self._dirs.clear()
                 self._dirs[path] = listing
         return listing
+
+    def check_links(self, fs: FsOps, dirpath: str, listing: Listing,
+                    names: Iterable[str] | None = None) -> None:
+        """Raise :class:`~server.confine.OutsideRoot` when one of ``names`` (every entry
+        when None) in the directory ``listing`` came from is a symlink leading outside the
+        root. Free when the directory holds no symlinks."""
+        if self.guard is None or not listing.links:
+            return
+        for name in listing.links if names is None else listing.links.intersection(names):
+            self.guard.check_link(fs, os.path.join(dirpath, name))
 
     def forget(self, path: str) -> None:
         with self._lock:
@@ -92,9 +123,12 @@ class DirCache:
         alone is not enough: filesystems hand a freed inode to the next new file, so the
         lock file of the update after next can reuse it.
         """
-        entry = listing.names().get(os.path.basename(path))
+        name = os.path.basename(path)
+        entry = listing.names().get(name)
         if entry is None:
             return None
+        if name in listing.links and self.guard is not None:
+            self.guard.check_link(fs, path)  # also on a cache hit: the link may have moved
         key = (path, entry[1], listing.key)
         if self.enabled:
             hit = self._files.get(key)

@@ -32,6 +32,15 @@ class FsOps:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
+    def lstat_or_none(self, path: str) -> os.stat_result | None:
+        """``lstat()``: the same one syscall as ``stat()``, counted as one, but a symlink is
+        reported as itself."""
+        self.counts["stat"] += 1
+        try:
+            return os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def scandir(self, path: str) -> list[os.DirEntry[str]]:
         """List a directory (one open plus its getdents calls, counted as one listdir)."""
         self.counts["listdir"] += 1

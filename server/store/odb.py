@@ -66,7 +66,6 @@ class ObjectSnapshot:
         hash_len: int,
         registry: PackRegistry,
         fs: FsOps,
-        allowed_root: str | None = None,
         _depth: int = 0,
         dirs: DirCache | None = None,
     ) -> None:
@@ -75,7 +74,6 @@ class ObjectSnapshot:
         self.registry = registry
         self.fs = fs
         self.dirs = dirs if dirs is not None else DirCache(enabled=False)
-        self.allowed_root = allowed_root
         self.rescans = 0
         self._loose: set[bytes] | None = None
         self._loose_fresh = False
@@ -91,6 +89,8 @@ class ObjectSnapshot:
     def _scan_packs(self, fresh: bool = False) -> None:
         pack_dir = os.path.join(self.objects_dir, "pack")
         listing = self._listing(pack_dir, fresh)
+        if listing is not None:
+            self.dirs.check_links(self.fs, pack_dir, listing)  # before any pack is opened
         inodes = {name: ino for name, ino, _ in (listing.entries if listing else ())}
         packs: list[PackFile] = []
         live: set[tuple[object, ...]] = set()
@@ -118,6 +118,10 @@ class ObjectSnapshot:
         """The commit-graph of this object directory, by the inode ``objects/info`` lists."""
         if self._graph is False:
             entry = self._info().get("commit-graph")
+            if entry is not None:
+                assert self._info_listing is not None
+                self.dirs.check_links(self.fs, os.path.join(self.objects_dir, "info"),
+                                      self._info_listing, ("commit-graph",))
             self._graph = load_commit_graph(self.objects_dir, self.hash_len,
                                             entry[1] if entry else None)
         return self._graph  # type: ignore[return-value]
@@ -126,7 +130,9 @@ class ObjectSnapshot:
         if fresh:
             # A true miss: look at the directory itself, whatever the cache holds.
             self.dirs.forget(path)
-        return self.dirs.listing(self.fs, path)
+        # lstat, not stat: objects/pack and objects/info are listed without their parent,
+        # so this is where a symlink in their place is seen (and checked).
+        return self.dirs.listing(self.fs, path, nofollow=True)
 
     def _info(self) -> dict[str, tuple[str, int, bool]]:
         if self._info_names is None:
@@ -154,17 +160,36 @@ class ObjectSnapshot:
         if not data:
             return []
         alts = []
+        for line, path in self._alternate_paths(data):
+            if self.dirs.guard is not None:
+                self.dirs.guard.check_real(f"{self.objects_dir}/info/alternates: {line}", path)
+            alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs, depth + 1,
+                                       self.dirs))
+        return alts
+
+    def _alternate_paths(self, data: bytes) -> tuple[tuple[str, str], ...]:
+        """(line, real path) of each object directory ``data`` (the alternates file) names.
+
+        Resolved once per file content and kept: a request then reads the alternate by its
+        real path and follows no symlink to get there, so a link on the way that is later
+        retargeted cannot lead it outside the root (it keeps reading the directory that was
+        checked, until the alternates file changes)."""
+        key = (self.objects_dir, data)
+        hit = self.registry.alternates.get(key)
+        if hit is not None:
+            return hit
+        out = []
         for line in data.decode("utf-8", "replace").splitlines():
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            path = os.path.realpath(os.path.join(self.objects_dir, line))
-            if self.allowed_root and not _is_within(path, self.allowed_root):
-                continue  # never read objects from outside --root
-            if os.path.isdir(path):
-                alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs,
-                                           self.allowed_root, depth + 1, self.dirs))
-        return alts
+            self.fs.note("realpath")
+            out.append((line, os.path.realpath(os.path.join(self.objects_dir, line))))
+        result = tuple(out)
+        if len(self.registry.alternates) >= 10_000:
+            self.registry.alternates.clear()
+        self.registry.alternates[key] = result
+        return result
 
     # -- loose objects ----------------------------------------------------------
 
@@ -183,9 +208,11 @@ class ObjectSnapshot:
         return self._loose
 
     def _fanout_ids(self, name: str, fresh: bool) -> frozenset[bytes]:
-        listing = self._listing(os.path.join(self.objects_dir, name), fresh)
+        fanout = os.path.join(self.objects_dir, name)
+        listing = self._listing(fanout, fresh)
         if listing is None:
             return frozenset()
+        self.dirs.check_links(self.fs, fanout, listing)  # loose objects are read by name
         cached = self.registry.fanout_ids.get((self.objects_dir, name))
         if cached is not None and cached[0] == listing.key:
             return cached[1]
@@ -369,7 +396,3 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if not c & 0x80:
             return value, pos
-
-
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)

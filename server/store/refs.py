@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
+from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
 from .fscache import DirCache, Listing
 from .fsops import FsOps
@@ -154,7 +154,12 @@ class _Reader:
         return any(p.startswith(d) or d.startswith(p) for p in prefixes)
 
     def loose(self, prefixes: Sequence[bytes]) -> dict[bytes, bytes]:
-        """Raw contents of the loose ref files under ``refs/``, by ref name."""
+        """Raw contents of the loose ref files under ``refs/`` whose names start with one of
+        ``prefixes`` (all of them when there are none), by ref name.
+
+        Directories are walked when a prefix can reach into them; files are kept only when
+        their whole name matches, since a prefix need not end at a ``/`` (``refs/heads/ma``
+        matches ``refs/heads/main`` but not ``refs/heads/next``)."""
         out: dict[bytes, bytes] = {}
         stack = ["refs"]
         while stack:
@@ -172,10 +177,39 @@ class _Reader:
                     if self._wanted(full, prefixes):
                         stack.append(full)
                     continue
+                ref = full.encode("utf-8", "surrogateescape")
+                if not ref_matches_prefixes(ref, prefixes):
+                    continue
                 data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), listing)
                 if data is not None:
-                    out[full.encode("utf-8", "surrogateescape")] = data.strip()
+                    out[ref] = data.strip()
         return out
+
+    def symref_targets(self, starts: Iterable[bytes], loose: dict[bytes, bytes],
+                       prefixes: Sequence[bytes]) -> dict[bytes, bytes]:
+        """Loose refs that symrefs point to outside ``prefixes``, followed to the end.
+
+        A prefix-limited walk does not read them, yet a symref it did read (``HEAD``,
+        ``refs/remotes/origin/HEAD``) must resolve to the loose value, which wins over a
+        packed one. Only the directories on the way to each target are listed (and join the
+        state key), so this costs nothing when every target is under the prefixes."""
+        found: dict[bytes, bytes] = {}
+        pending = [t for t in starts if not ref_matches_prefixes(t, prefixes)]
+        for _ in range(_MAX_SYMREF_DEPTH):
+            pending = [t for t in dict.fromkeys(pending) if t not in found and t not in loose]
+            if not pending:
+                break
+            read = self.loose(pending)
+            nxt: list[bytes] = []
+            for target in pending:
+                content = read.get(target)
+                if content is None:
+                    continue
+                found[target] = content
+                if content.startswith(b"ref:"):
+                    nxt.append(content[4:].strip())
+            pending = [t for t in nxt if not ref_matches_prefixes(t, prefixes)]
+        return found
 
 
 def _resolve(
@@ -208,45 +242,58 @@ def _read_head(raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_l
 
 
 def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_len: int,
-           peel: Peeler, prefixes: Sequence[bytes]) -> tuple[HeadInfo, tuple[Ref, ...]]:
+           peel: Peeler, prefixes: Sequence[bytes],
+           targets: dict[bytes, bytes]) -> tuple[HeadInfo, tuple[Ref, ...]]:
+    """HEAD and the refs under ``prefixes``; ``targets`` holds loose symref targets read
+    outside the prefixes: they resolve symrefs but are not listed themselves."""
     packed_names = packed.names_under(prefixes) if prefixes else packed.names
     names: Iterable[bytes] = sorted(set(packed_names) | set(loose)) if loose else packed_names
+    every = {**targets, **loose} if targets else loose
     refs: list[Ref] = []
     for name in names:
         if name not in loose:
             refs.append(packed.ref(name, peel))
             continue
-        oid, target = _resolve(name, loose, packed, hex_len)
+        oid, target = _resolve(name, every, packed, hex_len)
         if oid is not None:
             refs.append(Ref(name, oid, peel(oid), target))
-    return _read_head(head_raw, loose, packed, hex_len), tuple(refs)
+    return _read_head(head_raw, every, packed, hex_len), tuple(refs)
 
 
 def read_ref_snapshot(
     gitdir: str, fs: FsOps, dirs: DirCache, cache: RefCache, hex_len: int, peel: Peeler,
     prefixes: Sequence[bytes] = (),
 ) -> RefSnapshot:
-    """Read HEAD, packed-refs and loose refs once. With ``prefixes`` only refs under them
-    (and HEAD) are read; the answer is then marked incomplete."""
+    """Read HEAD, packed-refs and loose refs once. With ``prefixes`` only refs whose names
+    start with one of them (plus HEAD, and the loose targets of symrefs among them) are
+    read, and only those are in the answer, which is then marked incomplete."""
     # Loose refs first, then packed-refs, as refs/files-backend.c does: `git pack-refs`
     # writes the new packed-refs before it deletes the loose files, so a ref that moves
     # from one to the other is seen in at least one of them, never lost or rolled back.
     reader = _Reader(gitdir, fs, dirs, cache, hex_len)
     loose = reader.loose(prefixes)
-    top = dirs.listing(fs, gitdir)
-    if top is None:
-        raise FileNotFoundError(gitdir)
-    names = top.names()
+    top = _top(fs, dirs, gitdir)
+    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), top) or b"").strip() \
+        if "HEAD" in top.names() else b""
+    targets: dict[bytes, bytes] = {}
+    if prefixes:
+        starts = [v[4:].strip() for v in loose.values() if v.startswith(b"ref:")]
+        if head_raw.startswith(b"ref:") and ref_matches_prefixes(b"HEAD", prefixes):
+            starts.append(head_raw[4:].strip())
+        walked = len(reader.state)
+        targets = reader.symref_targets(starts, loose, prefixes)
+        if len(reader.state) > walked:
+            # More loose refs were read: list the git directory again, so that
+            # packed-refs is still read after every loose ref (see above). HEAD stays
+            # the one whose target was just read.
+            top = _top(fs, dirs, gitdir)
     reader.state.append(("", top.key))
     packed = reader.packed(top)
     state = tuple(reader.state) + (tuple(prefixes),)
     hit = cache.snapshots.get(state) if dirs.enabled else None
     if hit is not None:
         return hit
-    head_entry = names.get("HEAD")
-    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), top) or b"").strip() \
-        if head_entry else b""
-    head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes)
+    head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes, targets)
     trusted = dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state)
     snap = RefSnapshot(head, refs, hex_len, state, complete=not prefixes, cacheable=trusted)
     if trusted:
@@ -255,6 +302,13 @@ def read_ref_snapshot(
                 cache.snapshots.clear()
             cache.snapshots[state] = snap
     return snap
+
+
+def _top(fs: FsOps, dirs: DirCache, gitdir: str) -> Listing:
+    top = dirs.listing(fs, gitdir)
+    if top is None:
+        raise FileNotFoundError(gitdir)
+    return top
 
 
 def _trusted(dirs: DirCache, gitdir: str, item: tuple[str, object]) -> bool:

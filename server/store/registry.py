@@ -30,6 +30,8 @@ class PackRegistry:
         self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
         self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20)  # object sets of wants
         self.fanout_ids: dict[tuple[str, str], tuple[object, frozenset[bytes]]] = {}
+        # (objects dir, alternates file content) -> ((line, real path), ...)
+        self.alternates: dict[tuple[str, bytes], tuple[tuple[str, str], ...]] = {}
         self.encoded_stats = HitCounter()  # encoded advertisement / ls-refs answers
         self.opened = 0
 

@@ -3,12 +3,14 @@
 Every bare repository (``*.git`` or any directory with HEAD, objects and refs) and every
 non-bare repository's ``.git`` is served at its path relative to the root; ``/team/app``
 and ``/team/app.git`` reach the same repository. Nothing that resolves outside the root
-(``..``, encoded dots, symlinks) is served.
+(``..``, encoded dots, symlinks) is served: not the repository itself (checked here), nor
+what its own symlinks lead to (``confine.py``), unless ``--allow-symlinks-outside-root``.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -16,11 +18,18 @@ from dataclasses import dataclass, field
 from dulwich.config import ConfigFile
 from gitspout.protocol.refs import parse_hide_pattern
 
+from .confine import is_within
 from .fscache import DirCache
 from .fsops import FsOps
 from .refs import RefCache
 
 __all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config"]
+
+log = logging.getLogger("gitspout")
+
+# What gitspout reads in a git directory: when one of them is a symlink, it must stay
+# inside the root. (Other entries, such as hooks/ or logs/, are never read.)
+READ_ENTRIES = ("objects", "refs", "packed-refs", "HEAD", "config")
 
 
 class RepoNotFound(Exception):
@@ -137,10 +146,15 @@ class Repo:
 
     def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
         """The repository config, re-read when the file is replaced (git rewrites it with
-        a lock file and a rename, which gives it a new inode)."""
+        a lock file and a rename, which gives it a new inode).
+
+        Every request reads this first (the hash length depends on it), before any ref or
+        object: so this is where the git directory's own symlinks (``objects``, ``refs``,
+        ...) are checked, from the listing the config needs anyway."""
         top = dirs.listing(fs, self.gitdir)
         if top is None:
             raise RepoNotFound(self.url_path)
+        dirs.check_links(fs, self.gitdir, top, READ_ENTRIES)
         entry = top.names().get("config")
         key = (entry[1], *top.key) if entry else (0,)
         cached = self._config
@@ -160,10 +174,6 @@ def _is_git_dir(path: str) -> bool:
     )
 
 
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root + os.sep)
-
-
 def _clean_segments(rel: str) -> list[str]:
     """Path segments of a canonical URL path; anything else (``..``, ``.``, empty segments
     from doubled slashes, NUL, backslashes) is not a repository."""
@@ -177,9 +187,11 @@ def _clean_segments(rel: str) -> list[str]:
 class RepoResolver:
     """Maps URL paths to :class:`Repo` objects; caches positive answers per real path."""
 
-    def __init__(self, root: str, cross_request_cache: bool = True) -> None:
+    def __init__(self, root: str, cross_request_cache: bool = True,
+                 allow_outside: bool = False) -> None:
         self.root = os.path.realpath(root)
         self.cross_request_cache = cross_request_cache
+        self.allow_outside = allow_outside  # --allow-symlinks-outside-root
         self._repos: dict[str, Repo] = {}
         self._by_url: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -211,9 +223,13 @@ class RepoResolver:
             # No syscall here: the request's first read of the git directory (through
             # the listing cache) finds out if the repository went away.
             return self._repos[real]
+        outside: tuple[str, str] | None = None
         for cand in self._candidates(parts):
             real = os.path.realpath(cand)
-            if not _is_within(real, self.root) or not _is_git_dir(real):
+            if not self.allow_outside and not is_within(real, self.root):
+                outside = outside or (cand, real)
+                continue  # not even looked at
+            if not _is_git_dir(real):
                 continue
             with self._lock:
                 repo = self._repos.get(real)
@@ -222,4 +238,6 @@ class RepoResolver:
                     self._repos[real] = repo
                 self._by_url[key] = real
             return repo
+        if outside is not None:
+            log.warning("refusing /%s: %s leads to %s, outside the root", key, *outside)
         raise RepoNotFound(url_path)
