@@ -38,6 +38,7 @@ from ..graph.reachability import check_wants, reachable_subset
 from ..graph.shallow import ShallowPlan, plan_shallow
 from ..store.fscache import DirCache
 from ..store.fsops import FsOps
+from ..store.objformat import HASH_LEN, OBJ_COMMIT
 from ..store.odb import ObjectSnapshot, ObjectStoreError, PackRegistry
 from ..store.refs import RefSnapshot, read_ref_snapshot
 from ..store.repos import Repo, RepoConfig
@@ -46,7 +47,6 @@ from .stats import PackStats
 __all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch"]
 
 log = logging.getLogger("gitspout")
-HASH_LEN = {"sha1": 20, "sha256": 32}
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
 
@@ -374,7 +374,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
                      len(dropped), ctx.repo.url_path, dropped[0].hex())
         known = [o for o in known if o in allowed]
     for oid in known:
-        if ctx.src.object_type(oid) != 1:
+        if ctx.src.object_type(oid) != OBJ_COMMIT:
             raise ClientError(f"invalid shallow object {oid.hex()}", 200)
     return known
 

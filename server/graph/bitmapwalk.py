@@ -17,8 +17,9 @@ from gitspout.protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectTyp
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from ..store.lru import ByteLRU
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import ObjectSnapshot
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
+from ..store.packs import PackFile
 from .commits import CommitSource
 
 _GITLINK = 0o160000
@@ -235,8 +236,7 @@ class BitmapIndex:
             reach.bits &= ~(bm.blobs | bm.trees)
             drop = {OBJ_BLOB, OBJ_TREE}
         elif isinstance(spec, ObjectType):
-            wanted = {"commit": OBJ_COMMIT, "tree": OBJ_TREE, "blob": OBJ_BLOB, "tag": OBJ_TAG}
-            t = wanted[spec.type_name]
+            t = TYPE_NUMS[spec.type_name.encode()]
             reach.bits &= {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs,
                            OBJ_TAG: bm.tags}[t]
             drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {t}

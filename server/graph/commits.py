@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from dulwich.objects import parse_tree
 
 from ..store.commitgraph import CommitGraph
+from ..store.objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 
 __all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
 
@@ -64,11 +64,10 @@ def parse_tag_target(data: bytes, hex_len: int) -> tuple[bytes, int]:
     target = bytes.fromhex(data[7 : 7 + hex_len].decode("ascii"))
     at = data.find(b"\ntype ")
     end = data.find(b"\n", at + 1)
-    name = data[at + 6 : end]
-    types = {b"commit": OBJ_COMMIT, b"tree": OBJ_TREE, b"blob": OBJ_BLOB, b"tag": OBJ_TAG}
-    if at < 0 or name not in types:
+    type_num = TYPE_NUMS.get(data[at + 6 : end])
+    if at < 0 or type_num is None:
         raise ObjectStoreError("malformed tag")
-    return target, types[name]
+    return target, type_num
 
 
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:

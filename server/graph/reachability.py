@@ -22,7 +22,7 @@ from gitspout.protocol.filters import (
     TreeDepth,
 )
 
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 from .commits import CommitSource
 
 __all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry"]

@@ -16,7 +16,8 @@ from ..core.upload import FetchPlan, RequestContext
 from ..graph.bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
 from ..graph.reachability import Enumeration, enumerate_objects
 from ..store.bitmaps import iter_set_bits
-from ..store.packs import OBJ_TAG, PackFile
+from ..store.objformat import OBJ_TAG
+from ..store.packs import PackFile
 from .packsource import (
     PackSource,
     ReusePackSource,

@@ -19,17 +19,8 @@ from dulwich.pack import apply_delta
 from .commitgraph import CommitGraph, load_commit_graph
 from .fscache import DirCache, Listing
 from .fsops import FsOps
-from .packs import (
-    OBJ_COMMIT,
-    OBJ_TAG,
-    OBJ_TREE,
-    OFS_DELTA,
-    REF_DELTA,
-    TYPE_NUMS,
-    EntryHeader,
-    PackFile,
-    PackFormatError,
-)
+from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
+from .packs import EntryHeader, PackFile, PackFormatError
 from .registry import PackRegistry
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]

@@ -18,25 +18,9 @@ from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 
-__all__ = [
-    "PackFile",
-    "PackFormatError",
-    "EntryHeader",
-    "OBJ_COMMIT",
-    "OBJ_TREE",
-    "OBJ_BLOB",
-    "OBJ_TAG",
-    "OFS_DELTA",
-    "REF_DELTA",
-    "TYPE_NAMES",
-    "TYPE_NUMS",
-    "parse_entry_header",
-    "encode_entry_header",
-]
+from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
-OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
-TYPE_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
-TYPE_NUMS = {v: k for k, v in TYPE_NAMES.items()}
+__all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
