@@ -86,11 +86,6 @@ class ServerState:
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
         )
-        caches = state.metrics.caches.sources
-        caches["listings"] = state.dirs
-        caches["objects"] = state.registry.objects
-        caches["object_sets"] = state.registry.reach_cache
-        caches["advertisements"] = state.registry.encoded_stats
         return state
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -29,6 +29,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..store.lru import all_cache_stats
+
 __all__ = ["Metrics", "RequestRecord", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -111,18 +113,21 @@ class _PoolCollector:
 
 
 class _CacheCollector:
-    """Hits and misses of the process-wide caches, read at scrape time."""
-
-    def __init__(self) -> None:
-        self.sources: dict[str, Any] = {}
+    """Lookups and evictions of every cache, by cache name (store/lru.py counts them over
+    all instances of a name: each repository's, each request's), read at scrape time."""
 
     def collect(self) -> Iterable[CounterMetricFamily]:
-        fam = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
-                                  labels=["cache", "result"])
-        for name, obj in self.sources.items():
-            fam.add_metric([name, "hit"], getattr(obj, "hits", 0))
-            fam.add_metric([name, "miss"], getattr(obj, "misses", 0))
-        yield fam
+        lookups = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
+                                      labels=["cache", "result"])
+        evictions = CounterMetricFamily("gitspout_cache_evictions",
+                                        "Values dropped to stay within a cache's budget.",
+                                        labels=["cache"])
+        for stats in all_cache_stats():
+            lookups.add_metric([stats.name, "hit"], stats.hits)
+            lookups.add_metric([stats.name, "miss"], stats.misses)
+            evictions.add_metric([stats.name], stats.evictions)
+        yield lookups
+        yield evictions
 
 
 class Metrics:
@@ -173,8 +178,7 @@ class Metrics:
             self.pack_bytes.labels(source)
         self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
                                buckets=HAVES_BUCKETS, registry=r)
-        self.caches = _CacheCollector()
-        r.register(self.caches)
+        r.register(_CacheCollector())
         self.repo_requests = Counter("gitspout_repo_requests",
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)
