@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import struct
 import sys
-import threading
 from array import array
 
+from .lru import ByteLRU
 from .packs import PackFile
 
 __all__ = ["PackBitmaps", "BitmapFormatError", "decode_ewah", "iter_set_bits", "load_bitmaps"]
 
 _MAGIC = b"BITM"
-_OPT_FULL_DAG = 0x1
-_OPT_HASH_CACHE = 0x4
 _LITTLE = sys.byteorder == "little"
+DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches")
 
 
 class BitmapFormatError(Exception):
@@ -83,7 +82,7 @@ class PackBitmaps:
         self._data = data
         if data[:4] != _MAGIC:
             raise BitmapFormatError("bad bitmap magic")
-        version, flags, count = struct.unpack_from(">HHI", data, 4)
+        version, _flags, count = struct.unpack_from(">HHI", data, 4)
         if version != 1:
             raise BitmapFormatError(f"bitmap version {version} is not supported")
         h = pack.hash_len
@@ -94,13 +93,13 @@ class PackBitmaps:
         self.trees, _, pos = decode_ewah(data, pos)
         self.blobs, _, pos = decode_ewah(data, pos)
         self.tags, _, pos = decode_ewah(data, pos)
-        self.flags = flags
         self._entries: dict[int, tuple[int, int, int]] = {}  # pack rank -> (pos, xor, index)
         self._order: list[int] = []  # entry index -> pack rank
-        self._decoded: dict[int, int] = {}
-        self._lock = threading.Lock()
+        # pack rank -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
+        # objects), counted in bytes
+        self._bitmap_bytes = (pack.count + 7) // 8 or 1
+        self._decoded = ByteLRU[int]("bitmaps", DECODED_BITMAPS * self._bitmap_bytes)
         self._read_entries(pos, count)
-        self.all_objects = (1 << pack.count) - 1
 
     def _read_entries(self, pos: int, count: int) -> None:
         data, pack = self._data, self.pack
@@ -118,27 +117,21 @@ class PackBitmaps:
             self._order.append(rank)
             pos += 6 + 8 + 8 * words + 4
 
-    def has(self, rank: int) -> bool:
-        return rank in self._entries
-
     def bitmap_for(self, rank: int) -> int | None:
         """The reachability bitmap of the commit at pack rank ``rank``, or None."""
-        hit = self._decoded.get(rank)
-        if hit is not None:
-            return hit
         entry = self._entries.get(rank)
         if entry is None:
             return None
+        hit = self._decoded.get(rank)
+        if hit is not None:
+            return hit
         pos, xor, k = entry
         value, _, _ = decode_ewah(self._data, pos)
         if xor:
             base = self.bitmap_for(self._order[k - xor])
             assert base is not None
             value ^= base
-        with self._lock:
-            if len(self._decoded) >= 64:  # ~100 KB each for a million objects
-                self._decoded.pop(next(iter(self._decoded)))
-            self._decoded[rank] = value
+        self._decoded.put(rank, value, self._bitmap_bytes)
         return value
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import threading
 
+from .lru import ByteLRU
 from .objformat import HASH_ID_LEN
 
 __all__ = ["CommitGraph", "load_commit_graph", "GraphEntry"]
@@ -109,8 +109,10 @@ class CommitGraph:
             i += 1
 
 
-_cache: dict[tuple[str, int, int], CommitGraph | None] = {}
-_lock = threading.Lock()
+# path -> (inode, its graph or None when unusable), for COMMIT_GRAPHS object directories
+# (docs/ARCHITECTURE.md, "Caches"). An entry holds a mapping, not memory.
+COMMIT_GRAPHS = 4096
+_cache = ByteLRU[tuple[int, CommitGraph | None]]("commit_graphs", COMMIT_GRAPHS, unit="entries")
 
 
 def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None) -> CommitGraph | None:
@@ -119,15 +121,13 @@ def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None) -> Com
     if inode is None:
         return None
     path = os.path.join(objects_dir, "info", "commit-graph")
-    key = (path, inode, 0)
-    if key in _cache:
-        return _cache[key]
+    cached = _cache.get(path, lambda c: c[0] == inode)
+    if cached is not None:
+        return cached[1]
     try:
         graph: CommitGraph | None = CommitGraph(path, hash_len)
     except (OSError, ValueError, CommitGraphError, struct.error):
         graph = None
-    with _lock:
-        for old in [k for k in _cache if k[0] == path]:
-            del _cache[old]  # a replaced graph; requests still using it keep their reference
-        _cache[key] = graph
+    # Replaces a graph this path had: requests still using it keep their reference.
+    _cache.put(path, (inode, graph))
     return graph
