@@ -22,6 +22,7 @@ from gitspout.protocol.filters import (
     TreeDepth,
 )
 
+from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 from .commits import CommitSource
 
@@ -172,20 +173,24 @@ def _find_in_trees(
 # ---------------------------------------------------------------- filters
 
 
+BLOB_SIZE_ENTRIES = 1 << 20  # sizes of blobs met by one walk (docs/ARCHITECTURE.md, "Caches")
+
+
 @dataclass
 class _Filter:
     """Evaluates a filter spec for an object at a depth below its root tree."""
 
     spec: FilterSpec | None
     src: CommitSource
-    sizes: dict[bytes, int] = field(default_factory=dict)
+    sizes: ByteLRU[int] = field(default_factory=lambda: ByteLRU(
+        "blob_sizes", BLOB_SIZE_ENTRIES, unit="entries", shared=False))
 
     def _blob_size(self, oid: bytes) -> int:
         size = self.sizes.get(oid)
         if size is None:
             found = self.src.odb.object_size(oid)
             size = found[1] if found else 0
-            self.sizes[oid] = size
+            self.sizes.put(oid, size)
         return size
 
     def _leaf(self, spec: FilterSpec, oid: bytes, type_num: int, depth: int) -> tuple[bool, bool]:
