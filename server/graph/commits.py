@@ -15,13 +15,10 @@ from dulwich.objects import parse_tree
 
 from ..store.commitgraph import CommitGraph
 from ..store.lru import ByteLRU
-from ..store.objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
+from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 
 __all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
-
-_MODE_TREE = 0o040000
-_MODE_GITLINK = 0o160000
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +74,9 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
     except Exception as exc:  # dulwich raises ObjectFormatException and friends
         raise ObjectStoreError(f"malformed tree: {exc}") from None
     for name, mode, sha in entries:
-        if mode == _MODE_GITLINK:
+        if mode == MODE_GITLINK:
             continue
-        yield name, (mode & 0o170000) == _MODE_TREE, a2b_hex(sha)
+        yield name, (mode & MODE_TYPE) == MODE_TREE, a2b_hex(sha)
 
 
 # Budgets of one request's caches (docs/ARCHITECTURE.md, "Caches").
