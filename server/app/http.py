@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +48,7 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
+from .pool import WorkPool
 from .stream import PktWriter, pump_pack
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
@@ -69,16 +69,16 @@ class ServerState:
     cfg: Config
     resolver: RepoResolver
     registry: PackRegistry
-    executor: ThreadPoolExecutor
+    pool: WorkPool
     dirs: DirCache
     metrics: Metrics
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
-        pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout")
+        pool = WorkPool(cfg.threads)
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
-        state = cls(
+        return cls(
             cfg,
             RepoResolver(root, cfg.cross_request_cache, allow),
             PackRegistry(),
@@ -86,15 +86,10 @@ class ServerState:
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
         )
-        return state
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        pool = self.metrics._pool
-        pool.busy += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        finally:
-            pool.busy -= 1
+        """Blocking work, in the pool."""
+        return await self.pool.run(fn, *args)
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
@@ -222,7 +217,7 @@ def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
     start = time.monotonic()
     try:
-        await pump_pack(writer, state.executor, lambda: iter_pack(ctx, plan),
+        await pump_pack(writer, state.pool, lambda: iter_pack(ctx, plan),
                         state.cfg.keepalive, plan.req.no_progress)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
@@ -422,4 +417,4 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
 
 
 async def _shutdown(state: ServerState) -> None:
-    state.executor.shutdown(wait=False, cancel_futures=True)
+    state.pool.shutdown(wait=False, cancel_futures=True)

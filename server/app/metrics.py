@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..store.lru import all_cache_stats
+from .pool import WorkPool
 
 __all__ = ["Metrics", "RequestRecord", "CONTENT_TYPE"]
 
@@ -87,25 +87,21 @@ class _ProcIoCollector:
 
 
 class _PoolCollector:
-    """Size, busy threads and queue of the blocking-work thread pool."""
+    """Size, busy threads and queue of the blocking-work thread pool (``pool.py``)."""
 
-    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(self, pool: WorkPool | None) -> None:
         self.pool = pool
-        self.busy = 0  # maintained by the server around each submitted call
-        self.submitted = 0
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        if self.pool is None:
+        pool = self.pool
+        if pool is None:
             return
-        size = self.pool._max_workers
-        busy = min(self.busy, size)
         for name, doc, value in (
-            ("gitspout_thread_pool_size", "Configured threads of the pool.", size),
-            ("gitspout_thread_pool_busy", "Pool threads running blocking work.", busy),
+            ("gitspout_thread_pool_size", "Configured threads of the pool.", pool.size),
+            ("gitspout_thread_pool_busy", "Pool threads running blocking work.", pool.busy),
             ("gitspout_thread_pool_queue_length", "Work items waiting for a pool thread.",
-             max(0, self.busy - size)),
-            ("gitspout_thread_pool_threads", "Pool threads started so far.",
-             len(self.pool._threads)),
+             pool.queued),
+            ("gitspout_thread_pool_threads", "Pool threads started so far.", pool.threads),
         ):
             fam = GaugeMetricFamily(name, doc)
             fam.add_metric([], value)
@@ -133,14 +129,13 @@ class _CacheCollector:
 class Metrics:
     """The registry and every metric of one server process."""
 
-    def __init__(self, repos_allowlist: Iterable[str] = (), pool: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, repos_allowlist: Iterable[str] = (), pool: WorkPool | None = None) -> None:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         r.register(_ProcIoCollector())
-        self._pool = _PoolCollector(pool)
-        r.register(self._pool)
+        r.register(_PoolCollector(pool))
         self.repos = frozenset(repos_allowlist)
         labels = ["service", "protocol", "command"]
         self.requests = Counter("gitspout_requests", "HTTP requests served.",
