@@ -80,7 +80,7 @@ class ServerState:
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
         return cls(
             cfg,
-            RepoResolver(root, cfg.cross_request_cache, allow),
+            RepoResolver(root, allow),
             PackRegistry(),
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),

@@ -69,9 +69,6 @@ class Reach:
         self._view()[rank >> 3] |= 1 << (rank & 7)
         self._int_stale = True
 
-    def count(self) -> int:
-        return self.bits.bit_count() + len(self.extra)
-
     def copy(self) -> Reach:
         other = Reach(0)
         other.nbytes = self.nbytes

@@ -229,9 +229,7 @@ class Enumeration:
     """The objects to send, in the order found, and what the client is known to have."""
 
     objects: list[ObjectEntry]
-    commits: int
     have_objects: set[bytes]  # trees/blobs of the boundary: delta bases for thin packs
-    edge_commits: set[bytes]
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
 
 
@@ -342,7 +340,7 @@ def enumerate_objects(
         done.add(c)
     if tag_refs:
         include_tags(_Listed(out), tag_refs, bad | have_objects)
-    return Enumeration(out, len(commits), have_objects, edges, walker.hints)
+    return Enumeration(out, have_objects, walker.hints)
 
 
 def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:

@@ -313,7 +313,7 @@ class PackFile:
         offs = self.sorted_offsets
         n = self.count
         out = array("i", bytes(4 * n))
-        pos, end = 0, offs[n]
+        end = offs[n]
         window, win_at = b"", 0
         for rank in range(n):
             start = offs[rank]
@@ -329,7 +329,6 @@ class PackFile:
                 out[rank] = -1
             else:
                 out[rank] = rank
-        del pos
         self.extra["base_ranks"] = out
         return out
 
