@@ -75,58 +75,62 @@ class ByteLRU(Generic[V]):
         self._max_cost = max(1, budget // 8)
         self._lock = threading.Lock() if shared else None
 
+    # Hot paths (a walk asks for each commit several times): no helper calls, and the
+    # lock taken only by shared caches.
+
     def get(self, key: Hashable, valid: Callable[[V], bool] | None = None) -> V | None:
         """The value of ``key``, or None. A value ``valid`` rejects (it was derived from a
         state that has changed since) counts as a miss; the next ``put`` replaces it."""
-        if self._lock is None:
-            return self._lookup(key, valid)
-        with self._lock:
-            return self._lookup(key, valid)
-
-    def _lookup(self, key: Hashable, valid: Callable[[V], bool] | None) -> V | None:
-        item = self._data.get(key)
-        if item is None or (valid is not None and not valid(item[0])):
-            self.stats.misses += 1
-            return None
-        self._data.move_to_end(key)
-        self.stats.hits += 1
-        return item[0]
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            item = self._data.get(key)
+            if item is None or (valid is not None and not valid(item[0])):
+                self.stats.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.stats.hits += 1
+            return item[0]
+        finally:
+            if lock is not None:
+                lock.release()
 
     def put(self, key: Hashable, value: V, cost: int = 1) -> None:
         """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries),
         evicting the least recently used values beyond the budget."""
         if cost > self._max_cost:
             return
-        if self._lock is None:
-            self._store(key, value, cost)
-            return
-        with self._lock:
-            self._store(key, value, cost)
-
-    def _store(self, key: Hashable, value: V, cost: int) -> None:
-        data = self._data
-        old = data.pop(key, None)
-        if old is not None:
-            self._size -= old[1]
-        data[key] = (value, cost)
-        self._size += cost
-        while self._size > self.budget:
-            _, (_, c) = data.popitem(last=False)
-            self._size -= c
-            self.stats.evictions += 1
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            data = self._data
+            old = data.pop(key, None)
+            if old is not None:
+                self._size -= old[1]
+            data[key] = (value, cost)
+            self._size += cost
+            while self._size > self.budget:
+                _, (_, c) = data.popitem(last=False)
+                self._size -= c
+                self.stats.evictions += 1
+        finally:
+            if lock is not None:
+                lock.release()
 
     def pop(self, key: Hashable) -> None:
         """Forget ``key`` (not counted as an eviction: the caller knows it is stale)."""
-        if self._lock is None:
-            self._discard(key)
-            return
-        with self._lock:
-            self._discard(key)
-
-    def _discard(self, key: Hashable) -> None:
-        old = self._data.pop(key, None)
-        if old is not None:
-            self._size -= old[1]
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._size -= old[1]
+        finally:
+            if lock is not None:
+                lock.release()
 
     def __contains__(self, key: Hashable) -> bool:
         """Is ``key`` kept? (Not a lookup: neither counted nor made recent.)"""
