@@ -95,15 +95,19 @@ class BitmapIndex:
     def new_reach(self) -> Reach:
         return Reach(self.pack.count)
 
-    def has(self, reach: Reach, oid: bytes) -> tuple[bool, int | None]:
+    def lookup(self, reach: Reach, oid: bytes) -> tuple[bool, int | None]:
         """Is ``oid`` in ``reach``, and its rank in the bitmapped pack (None outside it)."""
         rank = self.rank(oid)
         if rank is not None:
             return reach.test(rank), rank
         return oid in reach.extra, None
 
+    def has(self, reach: Reach, oid: bytes) -> bool:
+        """True when ``oid`` is in ``reach`` (in the bitmapped pack or among its extras)."""
+        return self.lookup(reach, oid)[0]
+
     def add(self, reach: Reach, oid: bytes, rank: int | None, type_num: int) -> None:
-        """Put ``oid`` (of pack rank ``rank``, as :meth:`has` found) in ``reach``."""
+        """Put ``oid`` (of pack rank ``rank``, as :meth:`lookup` found) in ``reach``."""
         if rank is not None:
             reach.set(rank)
         else:
@@ -127,7 +131,7 @@ class BitmapIndex:
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
-                seen, rank = self.has(reach, tag)
+                seen, rank = self.lookup(reach, tag)
                 if not seen:
                     self.add(reach, tag, rank, OBJ_TAG)
             if type_num == OBJ_COMMIT:
@@ -135,7 +139,7 @@ class BitmapIndex:
             elif type_num == OBJ_TREE:
                 trees.append((target, None, None))
             else:
-                seen, rank = self.has(reach, target)
+                seen, rank = self.lookup(reach, target)
                 if not seen:
                     self.add(reach, target, rank, type_num)
         trees.extend(self._walk_commits(reach, commits))
@@ -162,7 +166,7 @@ class BitmapIndex:
         trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
-            seen, rank = self.has(reach, oid)
+            seen, rank = self.lookup(reach, oid)
             if seen:
                 continue
             if rank is not None:
@@ -221,7 +225,7 @@ class BitmapIndex:
         for oid in keep:
             target, type_num, tags = self.src.peel(oid)
             for obj, t in [(tag, OBJ_TAG) for tag in tags] + [(target, type_num)]:
-                seen, rank = self.has(reach, obj)
+                seen, rank = self.lookup(reach, obj)
                 if not seen:
                     self.add(reach, obj, rank, t)
 
@@ -251,7 +255,7 @@ class _ReachWalk(TreeDiffWalk):
     def _met(self, oid: bytes, base: bytes | None, type_num: int) -> bool:
         """Add ``oid`` unless the closure has it; True when it was added. An object outside
         the bitmapped pack keeps its base as a delta hint."""
-        seen, rank = self.bi.has(self.reach, oid)
+        seen, rank = self.bi.lookup(self.reach, oid)
         if seen:
             return False
         self.bi.add(self.reach, oid, rank, type_num)
@@ -274,7 +278,7 @@ class ReachSet:
         self.reach = reach
 
     def __contains__(self, oid: object) -> bool:
-        return isinstance(oid, bytes) and self.bi.has(self.reach, oid)[0]
+        return isinstance(oid, bytes) and self.bi.has(self.reach, oid)
 
     def add(self, oid: bytes, type_num: int) -> None:
         self.bi.add(self.reach, oid, self.bi.rank(oid), type_num)
