@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from gitspout.protocol.advertise import format_service_header
 from gitspout.protocol.command import parse_command_request
-from gitspout.protocol.errors import ClientError
+from gitspout.protocol.errors import ClientError, Refusal
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
 from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
@@ -177,7 +177,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     return await _serve_v0(state, request, ctx, body, rec)
 
 
-async def _refuse_in_protocol(request: web.Request, exc: ClientError,
+async def _refuse_in_protocol(request: web.Request, exc: Refusal,
                               rec: RequestRecord) -> web.StreamResponse:
     """A refusal the protocol has a place for: 200 with an ERR pkt-line (as C git does)."""
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
@@ -195,9 +195,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     _note_request(rec, req)
     try:
         plan = await state.run(plan_fetch, ctx, req) if req.wants else None
-    except ClientError as exc:
-        if exc.http_status != 200:
-            raise
+    except Refusal as exc:
         return await _refuse_in_protocol(request, exc, rec)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, req.sideband, record=rec)
@@ -305,9 +303,7 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     try:
         plan = await state.run(plan_fetch, ctx, req)
-    except ClientError as exc:
-        if exc.http_status != 200:
-            raise
+    except Refusal as exc:
         return await _refuse_in_protocol(request, exc, rec)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gitspout.protocol.advertise import format_v0_capabilities, iter_v0_advertisement
 from gitspout.protocol.capabilities import V2Features, iter_v2_capabilities
-from gitspout.protocol.errors import ClientError
+from gitspout.protocol.errors import ClientError, Refusal
 from gitspout.protocol.fetch_request import FetchRequest
 from gitspout.protocol.filters import (
     FilterSpec,
@@ -289,15 +289,15 @@ def _check_filter(cfg: RepoConfig, spec: FilterSpec | None) -> None:
     for leaf in [spec, *iter_filter_leaves(spec)]:
         name = filter_config_name(leaf)
         if isinstance(leaf, SparseOid):
-            raise ClientError("filter 'sparse:oid' not supported by this server", 200)
+            raise Refusal("filter 'sparse:oid' not supported by this server")
         allowed = cfg.filter_allow.get(name, cfg.filter_allow_default)
         if not allowed:
-            raise ClientError(f"filter '{name}' not supported", 200)
+            raise Refusal(f"filter '{name}' not supported")
         if isinstance(leaf, TreeDepth) and cfg.tree_filter_max_depth is not None:
             if leaf.depth > cfg.tree_filter_max_depth:
-                raise ClientError(
+                raise Refusal(
                     f"tree filter allows max depth {cfg.tree_filter_max_depth}, "
-                    f"but got {leaf.depth}", 200)
+                    f"but got {leaf.depth}")
 
 
 def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
@@ -306,19 +306,19 @@ def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
              b"refs/remotes/%s/HEAD"]
     found = [refs[r % name] for r in rules if (r % name) in refs]
     if len(found) > 1 and len({f.oid for f in found}) > 1:
-        raise ClientError(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}", 200)
+        raise Refusal(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}")
     if not found:
-        raise ClientError(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}", 200)
+        raise Refusal(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}")
     return found[0]
 
 
 def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
-    """Validate and decide (blocking). Raises :class:`ClientError` to refuse."""
+    """Validate and decide (blocking). Raises :class:`Refusal` to refuse in-band."""
     start = time.monotonic()
     cfg = ctx.config
     if req.filter is not None:
         if not cfg.allow_filter:
-            raise ClientError("git upload-pack: filtering capability not negotiated", 200)
+            raise Refusal("git upload-pack: filtering capability not negotiated")
         _check_filter(cfg, req.filter)
     head, refs = ctx.visible()
     by_name = {r.name: r for r in refs}
@@ -329,7 +329,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     for name in req.want_refs:
         ref = by_name.get(name)
         if ref is None:
-            raise ClientError(f"unknown ref {name.decode('utf-8', 'replace')}", 200)
+            raise Refusal(f"unknown ref {name.decode('utf-8', 'replace')}")
         wanted_refs.append((name, ref.oid))
         wants.append(bytes.fromhex(ref.oid.decode()))
     _check_want_policy(ctx, wants)
@@ -339,7 +339,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     try:
         shallow = plan_shallow(src, req, wants, client_shallows, deepen_not)
     except ObjectStoreError as exc:
-        raise ClientError(f"git upload-pack: {exc}", 200) from None
+        raise Refusal(f"git upload-pack: {exc}") from None
     tracker = HaveTracker(src, wants + list(shallow.extra_wants))
     plan = FetchPlan(req, wants, shallow, wanted_refs=wanted_refs)
     if req.version == 2:
@@ -375,7 +375,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
         known = [o for o in known if o in allowed]
     for oid in known:
         if ctx.src.object_type(oid) != 1:
-            raise ClientError(f"invalid shallow object {oid.hex()}", 200)
+            raise Refusal(f"invalid shallow object {oid.hex()}")
     return known
 
 
@@ -392,4 +392,4 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
                  ctx.odb.rescans, len(ctx.odb.packs))
-        raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
+        raise Refusal(f"upload-pack: not our ref {bad.hex()}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gitspout.protocol.errors import ClientError
+from gitspout.protocol.errors import Refusal
 from gitspout.protocol.fetch_request import INFINITE_DEPTH, FetchRequest
 
 from ..store.packs import OBJ_COMMIT
@@ -85,7 +85,7 @@ def _rev_list_walk(
     """shallow.c get_shallow_commits_by_rev_list."""
     commits, _ = src.walk_by_date(wants, not_oids, since=since)
     if not commits:
-        raise ClientError("no commits selected for shallow requests", 200)
+        raise Refusal("no commits selected for shallow requests")
     selected = set(commits)
     border = [c for c in commits if any(p not in selected for p in src.commit(c).parents)]
     shallow = set(border)
