@@ -12,6 +12,7 @@ import sys
 import threading
 from array import array
 
+from .errors import StorageError
 from .packs import PackFile
 
 __all__ = ["PackBitmaps", "BitmapFormatError", "decode_ewah", "iter_set_bits", "load_bitmaps"]
@@ -22,7 +23,7 @@ _OPT_HASH_CACHE = 0x4
 _LITTLE = sys.byteorder == "little"
 
 
-class BitmapFormatError(Exception):
+class BitmapFormatError(StorageError):
     """The .bitmap file is not one we can use; callers fall back to a walk."""
 
 

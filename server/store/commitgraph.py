@@ -11,6 +11,8 @@ import os
 import struct
 import threading
 
+from .errors import StorageError
+
 __all__ = ["CommitGraph", "load_commit_graph", "GraphEntry"]
 
 _NO_PARENT = 0x70000000
@@ -21,8 +23,8 @@ GraphEntry = tuple[bytes, tuple[bytes, ...], int, int]
 """(root tree, parents, commit time, generation) with binary ids."""
 
 
-class CommitGraphError(Exception):
-    pass
+class CommitGraphError(StorageError):
+    """The commit-graph file is not one we can use; commits are then parsed instead."""
 
 
 class CommitGraph:

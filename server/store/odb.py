@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph, load_commit_graph
+from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .packs import (
@@ -40,11 +41,15 @@ _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(StorageError):
     """The repository's object store is damaged or unreadable."""
+
+    what = "damaged object store"
 
 
 class MissingObject(ObjectStoreError):
+    what = "missing object"
+
     def __init__(self, oid: bytes) -> None:
         super().__init__(f"missing object {oid.hex()}")
         self.oid = oid

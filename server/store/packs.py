@@ -18,6 +18,8 @@ from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from .errors import StorageError
+
 __all__ = [
     "PackFile",
     "PackFormatError",
@@ -42,8 +44,10 @@ _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
 
 
-class PackFormatError(Exception):
+class PackFormatError(StorageError):
     """A pack or index file is not in a format we can read."""
+
+    what = "corrupt pack"
 
 
 @dataclass(frozen=True, slots=True)
