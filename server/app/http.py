@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from gitspout.protocol.advertise import format_service_header
 from gitspout.protocol.command import parse_command_request
-from gitspout.protocol.errors import ClientError, Refusal
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
 from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
@@ -32,11 +31,12 @@ from gitspout.protocol.pktline import PktBuffer
 
 from ..core.upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, plan_fetch
 from ..packgen.packplan import iter_pack
-from ..store.confine import LinkGuard, OutsideRoot
+from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
-from ..store.odb import ObjectStoreError, PackRegistry
+from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
+from .errors import INTERNAL_ERROR, answer_for
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
@@ -177,12 +177,12 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     return await _serve_v0(state, request, ctx, body, rec)
 
 
-async def _refuse_in_protocol(request: web.Request, exc: Refusal,
+async def _refuse_in_protocol(request: web.Request, text: str,
                               rec: RequestRecord) -> web.StreamResponse:
     """A refusal the protocol has a place for: 200 with an ERR pkt-line (as C git does)."""
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, record=rec)
-    await writer.error(exc.message, in_band=False)
+    await writer.error(text, in_band=False)
     await resp.write_eof()
     return resp
 
@@ -193,10 +193,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     caps = V0_REQUEST_CAPS | await state.run(_v0_extra_caps, ctx)
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
-    try:
-        plan = await state.run(plan_fetch, ctx, req) if req.wants else None
-    except Refusal as exc:
-        return await _refuse_in_protocol(request, exc, rec)
+    plan = await state.run(plan_fetch, ctx, req) if req.wants else None
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
@@ -229,15 +226,9 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
                         state.cfg.keepalive, plan.req.no_progress)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
-    except OutsideRoot as exc:  # met only now, in a directory listed while packing
-        log.warning("refusing /%s: %s", ctx.repo.url_path, exc)
-        await writer.error("upload-pack: repository not available", in_band=True)
-    except (ObjectStoreError, OSError) as exc:
-        log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
-        await writer.error(f"upload-pack: {exc}", in_band=True)
-    except Exception:  # a bug: the client still gets a clear in-band error, never a cut
-        log.exception("pack failed for %s", ctx.repo.url_path)
-        await writer.error("upload-pack: internal error while producing the pack", in_band=True)
+    except Exception as exc:  # in-band, whatever it is: the client never sees a cut
+        answer = answer_for(exc, ctx.repo.url_path, started=True)
+        await writer.error(answer.text if answer is not None else INTERNAL_ERROR, in_band=True)
     ctx.timed("send", start)
 
 
@@ -301,10 +292,7 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
-    try:
-        plan = await state.run(plan_fetch, ctx, req)
-    except Refusal as exc:
-        return await _refuse_in_protocol(request, exc, rec)
+    plan = await state.run(plan_fetch, ctx, req)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
     answer = plan.v2
@@ -408,18 +396,15 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # aiohttp treats a premature disconnection (no 500, no traceback).
         log.debug("client went away: %s %s", request.method, request.path)
         raise asyncio.CancelledError() from None
-    except RepoNotFound:
-        state.resolver.forget(repo_path)
-        return text_response(404, f"repository not found: /{repo_path}")
-    except OutsideRoot as exc:
-        # A symlink in the repository leads outside the root: the same answer as for a
-        # repository that is not there, and the operator learns which link it was.
-        log.warning("refusing /%s: %s", repo_path, exc)
-        return text_response(404, f"repository not found: /{repo_path}")
-    except HttpError as exc:
-        return text_response(exc.status, exc.text)
-    except ClientError as exc:
-        return text_response(exc.http_status if exc.http_status >= 400 else 400, exc.message)
+    except Exception as exc:  # before the 200: the one mapping (errors.py) decides
+        answer = answer_for(exc, repo_path)
+        if answer is None:
+            raise  # a bug: aiohttp answers 500 and logs the traceback
+        if isinstance(exc, RepoNotFound):
+            state.resolver.forget(repo_path)
+        if answer.status == 200:
+            return await _refuse_in_protocol(request, answer.text, rec)
+        return text_response(answer.status, answer.text)
 
 
 async def _shutdown(state: ServerState) -> None:
