@@ -36,6 +36,7 @@ from ..graph.commits import CommitSource
 from ..graph.negotiation import HaveTracker
 from ..graph.reachability import check_wants, reachable_subset
 from ..graph.shallow import ShallowPlan, plan_shallow
+from ..store.errors import StorageError
 from ..store.fscache import DirCache
 from ..store.fsops import FsOps
 from ..store.odb import ObjectSnapshot, ObjectStoreError, PackRegistry
@@ -121,7 +122,7 @@ class RequestContext:
             return cache[oid_hex]
         try:
             target, _, tags = self.src.peel(bytes.fromhex(oid_hex.decode("ascii")))
-        except (ObjectStoreError, ValueError):
+        except (StorageError, ValueError):  # a damaged object: advertised without peeling
             return None
         result = target.hex().encode() if tags else None
         cache[oid_hex] = result

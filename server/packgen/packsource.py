@@ -30,7 +30,7 @@ from dulwich.pack import create_delta
 
 from ..core.stats import PackStats, Progress
 from ..store.odb import ObjectSnapshot, PackedLocation
-from ..store.packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header, parse_entry_header
+from ..store.packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header
 
 __all__ = [
     "PackSource",
@@ -73,7 +73,7 @@ class WholePackSource:
         while pos < end:
             data = os.pread(fd, min(CHUNK, end - pos), pos)
             if not data:
-                raise OSError(f"{self.pack.name}: pack file shrank while being sent")
+                raise self.pack.corrupt("file shrank while being sent")
             pos += len(data)
             self.stats.size += len(data)
             self.stats.reused_bytes += len(data)
@@ -276,7 +276,7 @@ class ReusePackSource:
         while pos < end:
             data = pack.read_raw(pos, min(end, pos + READ_WINDOW))
             if not data:
-                raise OSError(f"{pack.name}: pack file ended early")
+                raise pack.corrupt("file ended early")
             if len(data) >= CHUNK // 4:
                 out.write_large(data)
             else:
@@ -289,7 +289,7 @@ class ReusePackSource:
         offs = pack.sorted_offsets
         start = offs[rank]
         raw = memoryview(pack.read_raw(start, offs[rank + 1]))
-        hdr = parse_entry_header(bytes(raw[:64]), start, pack.hash_len)
+        hdr = pack.parse_header(bytes(raw[:64]), start)
         body = raw[hdr.data_offset - start :]
         if hdr.type_num == OFS_DELTA:
             base_rank = pack.base_ranks()[rank]
