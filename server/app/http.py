@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,12 +19,7 @@ from aiohttp import web
 from gitspout.protocol.advertise import format_service_header
 from gitspout.protocol.command import parse_command_request
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
-from gitspout.protocol.fetch_response import (
-    PACKFILE_HEADER,
-    iter_shallow_info,
-    iter_shallow_lines,
-    iter_wanted_refs,
-)
+from gitspout.protocol.fetch_response import Mark, iter_v0_fetch_response, iter_v2_fetch_response
 from gitspout.protocol.ls_refs import parse_ls_refs_args
 from gitspout.protocol.object_info import parse_object_info_args
 from gitspout.protocol.pktline import PktBuffer
@@ -197,22 +192,37 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
-    if plan is not None:
-        if plan.shallow.sent:
-            await writer.pkts(iter_shallow_lines(
-                (s.hex().encode() for s in plan.shallow.shallow),
-                (s.hex().encode() for s in plan.shallow.unshallow)))
-            await writer.flush_pkt()
-        assert plan.v0 is not None
-        await writer.pkts(plan.v0.lines)
-        await writer.drain()
-        if plan.send_pack:
-            await _send_pack(state, ctx, writer, plan)
-            if req.sideband is not Sideband.NONE:
-                await writer.flush_pkt()
-    await writer.drain()
+    if plan is None:
+        items = iter_v0_fetch_response(None)
+    else:
+        items = iter_v0_fetch_response(plan.v0, **_shallow_args(plan),
+                                       sideband=req.sideband is not Sideband.NONE)
+    await _write_response(state, ctx, writer, plan, items)
     await resp.write_eof()
     return resp
+
+
+def _shallow_args(plan: FetchPlan) -> dict[str, Any]:
+    return {"shallow": [s.hex().encode() for s in plan.shallow.shallow],
+            "unshallow": [s.hex().encode() for s in plan.shallow.unshallow],
+            "deepen": plan.shallow.sent}
+
+
+async def _write_response(state: ServerState, ctx: RequestContext, writer: PktWriter,
+                          plan: FetchPlan | None, items: Iterable[bytes | Mark]) -> None:
+    """Write what protocol/fetch_response.py lays out; the pack goes where it says."""
+    for item in items:
+        if isinstance(item, bytes):
+            await writer.pkt(item)
+        elif item is Mark.FLUSH:
+            await writer.flush_pkt()
+        elif item is Mark.DELIM:
+            await writer.delim_pkt()
+        else:
+            assert item is Mark.PACK and plan is not None
+            await writer.drain()
+            await _send_pack(state, ctx, writer, plan)
+    await writer.drain()
 
 
 def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
@@ -295,29 +305,11 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
     plan = await state.run(plan_fetch, ctx, req)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
-    answer = plan.v2
-    rec.negotiation_round = answer is not None and not answer.send_pack
-    if answer is not None:
-        if answer.ack_lines is not None:
-            await writer.pkts(answer.ack_lines)
-            if answer.send_pack:
-                await writer.delim_pkt()
-            else:
-                await writer.flush_pkt()
-        if answer.send_pack:
-            if plan.shallow.sent or plan.shallow.cut:
-                await writer.pkts(iter_shallow_info(
-                    (s.hex().encode() for s in plan.shallow.shallow),
-                    (s.hex().encode() for s in plan.shallow.unshallow)))
-                await writer.delim_pkt()
-            if plan.wanted_refs:
-                await writer.pkts(iter_wanted_refs(plan.wanted_refs))
-                await writer.delim_pkt()
-            await writer.pkt(PACKFILE_HEADER)
-            await writer.drain()
-            await _send_pack(state, ctx, writer, plan)
-            await writer.flush_pkt()
-    await writer.drain()
+    rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
+    items = iter_v2_fetch_response(plan.v2, **_shallow_args(plan),
+                                   client_shallow=bool(plan.shallow.cut),
+                                   wanted_refs=plan.wanted_refs)
+    await _write_response(state, ctx, writer, plan, items)
     await resp.write_eof()
     return resp
 

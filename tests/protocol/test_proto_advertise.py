@@ -13,10 +13,14 @@ from gitspout.protocol.advertise import (
 from gitspout.protocol.capabilities import V2Features, fetch_features, iter_v2_capabilities
 from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
+    Mark,
     iter_shallow_info,
     iter_shallow_lines,
+    iter_v0_fetch_response,
+    iter_v2_fetch_response,
     iter_wanted_refs,
 )
+from gitspout.protocol.negotiate import V0Answer, V2Answer
 from gitspout.protocol.refs import (
     HeadInfo,
     Ref,
@@ -188,6 +192,44 @@ def test_wanted_refs_section() -> None:
 
 def test_packfile_header() -> None:
     assert PACKFILE_HEADER == b"packfile\n"
+
+
+ACKS = (b"acknowledgments\n", b"ACK " + A + b"\n", b"ready\n")
+F, D, P = Mark.FLUSH, Mark.DELIM, Mark.PACK
+
+
+def test_v2_sections_in_spec_order() -> None:
+    """ARCHITECTURE.md P9: acknowledgments, shallow-info, wanted-refs, packfile."""
+    items = list(iter_v2_fetch_response(V2Answer(ACKS, True), shallow=[A], unshallow=[B],
+                                        deepen=True, wanted_refs=[(b"refs/heads/x", T)]))
+    assert items == [*ACKS, D, b"shallow-info\n", b"shallow " + A, b"unshallow " + B, D,
+                     b"wanted-refs\n", T + b" refs/heads/x\n", D, PACKFILE_HEADER, P, F]
+
+
+def test_v2_acknowledgments_alone_end_with_flush() -> None:
+    acks = (b"acknowledgments\n", b"NAK\n")
+    assert list(iter_v2_fetch_response(V2Answer(acks, False), deepen=True,
+                                       wanted_refs=[(b"refs/heads/x", T)])) == [*acks, F]
+
+
+def test_v2_shallow_info_when_deepening_or_client_is_shallow() -> None:
+    done = V2Answer(None, True)
+    assert list(iter_v2_fetch_response(done)) == [PACKFILE_HEADER, P, F]
+    for kw in ({"deepen": True}, {"client_shallow": True}):
+        assert list(iter_v2_fetch_response(done, **kw)) == [
+            b"shallow-info\n", D, PACKFILE_HEADER, P, F]
+    assert list(iter_v2_fetch_response(None, deepen=True)) == []
+
+
+def test_v0_shallow_list_and_flush_come_first_even_empty() -> None:
+    """ARCHITECTURE.md P8."""
+    nak = V0Answer((b"NAK\n",), True)
+    assert list(iter_v0_fetch_response(nak, deepen=True)) == [F, b"NAK\n", P, F]
+    assert list(iter_v0_fetch_response(nak, shallow=[A], deepen=True, sideband=False)) == [
+        b"shallow " + A, F, b"NAK\n", P]
+    assert list(iter_v0_fetch_response(nak, shallow=[A])) == [b"NAK\n", P, F]
+    assert list(iter_v0_fetch_response(V0Answer((), False), deepen=True)) == [F]
+    assert list(iter_v0_fetch_response(None, deepen=True)) == []
 
 
 # ------------------------------------------------------------------ refs / hideRefs
