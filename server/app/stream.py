@@ -15,12 +15,14 @@ from typing import Any
 
 from aiohttp import web
 from gitspout.protocol.fetch_request import Sideband
-from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer
 from gitspout.protocol.sideband import (
     BAND_DATA,
-    BAND_ERROR,
     BAND_PROGRESS,
+    band_payload,
     encode_band,
+    encode_band_error,
+    encode_err_pkt,
     encode_keepalive,
     max_band_payload,
 )
@@ -72,7 +74,7 @@ class PktWriter:
     async def pkt(self, payload: bytes) -> None:
         """One data pkt-line (band 1 under sideband-all)."""
         if self.sideband_all:
-            payload = bytes((BAND_DATA,)) + payload
+            payload = band_payload(BAND_DATA, payload)
         await self._maybe(self.buf.add(payload))
 
     async def pkts(self, payloads: Iterable[bytes]) -> None:
@@ -115,11 +117,11 @@ class PktWriter:
 
     async def error(self, message: str, in_band: bool) -> None:
         """Report a fatal error after the headers went out: band 3, or an ERR line."""
-        text = message.encode("utf-8", "replace")[:60000]
         if in_band and self.sideband is not Sideband.NONE:
-            await self.band(BAND_ERROR, text + b"\n")
+            framed = encode_band_error(message, self._band_max)
         else:
-            await self._maybe(self.buf.add_raw(encode_pkt(b"ERR " + text + b"\n")))
+            framed = encode_err_pkt(message)
+        await self._maybe(self.buf.add_raw(framed))
         await self.drain()
 
     async def keepalive(self) -> None:
