@@ -12,7 +12,7 @@ from .capabilities import V2Features
 from .errors import ClientError
 from .filters import FilterSpec, parse_filter_spec
 from .oid import parse_oid
-from .pktline import Pkt, PktKind, iter_pkts
+from .pktline import MAX_REQUEST_PKTS, Pkt, PktKind, iter_pkts
 
 __all__ = [
     "MultiAck",
@@ -282,13 +282,15 @@ def parse_v0_request(
     advertised: frozenset[bytes],
     object_format: bytes = b"sha1",
     hex_len: int = 40,
+    max_pkts: int = MAX_REQUEST_PKTS,
 ) -> FetchRequest:
     """Parse a stateless v0/v1 upload-pack POST body.
 
     ``advertised`` holds the capability names we offered (``agent``, ``filter``...).
-    A body that is only a flush (git's probe POST) yields a request with no wants.
+    A body that is only a flush (git's probe POST) yields a request with no wants. More
+    than ``max_pkts`` pkt-lines before the request's end is a 413 :class:`ClientError`.
     """
-    pkts = _until_v0_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
+    pkts = _until_v0_end(iter_pkts(body, max_pkts) if isinstance(body, bytes) else iter(body))
     b = _Builder(hex_len)
     pos = _read_v0_wants(pkts, b, advertised, object_format)
     haves_end = _read_v0_haves(pkts, pos, b) if b.wants else HavesEnd.NONE
