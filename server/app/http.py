@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
-from gitspout.protocol.advertise import format_service_header
+from gitspout.protocol.advertise import format_service_header, v0_request_capabilities
 from gitspout.protocol.command import parse_command_request
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
 from gitspout.protocol.fetch_response import Mark, iter_v0_fetch_response, iter_v2_fetch_response
@@ -24,7 +24,7 @@ from gitspout.protocol.ls_refs import parse_ls_refs_args
 from gitspout.protocol.object_info import parse_object_info_args
 from gitspout.protocol.pktline import PktBuffer
 
-from ..core.upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, plan_fetch
+from ..core.upload import FetchPlan, RequestContext, plan_fetch
 from ..packgen.packplan import iter_pack
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
@@ -182,8 +182,8 @@ async def _refuse_in_protocol(request: web.Request, text: str,
 
 async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
                     rec: RequestRecord) -> web.StreamResponse:
-    fmt = await state.run(lambda: ctx.object_format)
-    caps = V0_REQUEST_CAPS | await state.run(_v0_extra_caps, ctx)
+    fmt, caps = await state.run(
+        lambda: (ctx.object_format, v0_request_capabilities(ctx.config.allow_filter)))
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
     plan = await state.run(plan_fetch, ctx, req) if req.wants else None
@@ -221,10 +221,6 @@ async def _write_response(state: ServerState, ctx: RequestContext, writer: PktWr
             await writer.drain()
             await _send_pack(state, ctx, writer, plan)
     await writer.drain()
-
-
-def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
-    return frozenset({b"filter"}) if ctx.config.allow_filter else frozenset()
 
 
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:

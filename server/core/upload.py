@@ -44,19 +44,12 @@ from ..store.refs import RefSnapshot, read_ref_snapshot
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
 
-__all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch"]
+__all__ = ["RequestContext", "FetchPlan", "plan_fetch"]
 
 log = logging.getLogger("gitspout")
 HASH_LEN = {"sha1": 20, "sha256": 32}
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
-
-# Capability names a v0 client may request (what we advertise, by name).
-V0_REQUEST_CAPS = frozenset(
-    b"multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since deepen-not "
-    b"deepen-relative no-progress include-tag multi_ack_detailed no-done agent "
-    b"object-format session-id".split()
-)
 
 
 @dataclass

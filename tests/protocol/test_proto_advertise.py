@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from gitspout.protocol.advertise import (
     V0_BASE_CAPABILITIES,
+    V0_REQUEST_CAPABILITIES,
     format_service_header,
     format_v0_capabilities,
     iter_v0_advertisement,
     sorted_refs,
+    v0_request_capabilities,
 )
 from gitspout.protocol.capabilities import V2Features, fetch_features, iter_v2_capabilities
 from gitspout.protocol.fetch_response import (
@@ -68,6 +70,22 @@ def test_format_v0_capabilities_minimal() -> None:
 def test_format_v0_capabilities_defaults() -> None:
     caps = format_v0_capabilities(object_format=b"sha1", agent=b"x", head_target=None)
     assert caps == BASE + b" no-done filter object-format=sha1 agent=x"
+
+
+@pytest.mark.parametrize("allow_filter", [True, False])
+def test_v0_request_capabilities_are_what_is_offered(allow_filter: bool) -> None:
+    """ARCHITECTURE.md P12: a client may name what the advertisement offers, by name, but
+    the facts it only reports (allow-*-sha1-in-want, symref)."""
+    caps = format_v0_capabilities(
+        object_format=b"sha1", agent=b"x", head_target=b"refs/heads/main",
+        allow_tip_sha1=True, allow_reachable_sha1=True, allow_filter=allow_filter,
+        session_id=b"sid",
+    )
+    offered = {c.partition(b"=")[0] for c in caps.split(b" ")}
+    facts = {b"allow-tip-sha1-in-want", b"allow-reachable-sha1-in-want", b"symref"}
+    assert v0_request_capabilities(allow_filter) == offered - facts
+    assert V0_REQUEST_CAPABILITIES == set(BASE.split()) | {
+        b"no-done", b"agent", b"object-format", b"session-id"}
 
 
 def test_service_header() -> None:
