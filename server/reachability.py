@@ -2,6 +2,8 @@
 
 * :func:`check_wants`: every want must be reachable from a visible ref (gitprotocol-pack,
   PROTOCOL-NOTES 7). Objects reachable only from hidden refs are never served.
+* :func:`reachable_subset`: which of a batch of ids are reachable from the visible refs,
+  in one walk for the whole batch (object-info, client shallow lines).
 * :func:`enumerate_objects`: ``rev-list --objects wants --not haves`` with shallow cuts,
   object filters and include-tag, as an ordered list of (binary id, type number).
 """
@@ -21,10 +23,12 @@ from protocol.filters import (
     TreeDepth,
 )
 
+from .bitmapwalk import open_bitmap_index
 from .commits import CommitSource
+from .lru import ByteLRU
 from .packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 
-__all__ = ["check_wants", "enumerate_objects", "Enumeration", "ObjectEntry"]
+__all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry"]
 
 ObjectEntry = tuple[bytes, int]
 _GITLINK = 0o160000
@@ -64,6 +68,47 @@ def check_wants(
         if left:
             return next(iter(left))
     return None
+
+
+def reachable_subset(
+    src: CommitSource,
+    oids: Iterable[bytes],
+    tips: Iterable[bytes],
+    cache: ByteLRU[object] | None = None,
+) -> set[bytes]:
+    """The ids of ``oids`` that exist and are reachable from ``tips``.
+
+    One walk answers the whole batch, whatever its size: asking :func:`check_wants` once per
+    id walked all history per id (2,000 object-info ids took minutes). With a bitmapped
+    pack the closure of the tips is a few ORs (kept in ``cache`` across requests, keyed by
+    the pack and the tips); otherwise one date-ordered commit walk (commit-graph backed
+    when there is one), and a walk of the trees only when ids other than commits and tags
+    remain to be found.
+    """
+    tip_set = set(tips)
+    wanted = {o for o in oids if src.odb.contains(o)}
+    found = wanted & tip_set
+    pending = wanted - found
+    if not pending:
+        return found
+    bi = open_bitmap_index(src)
+    if bi is not None:
+        reach = bi.reach_cached(tip_set, cache) if cache is not None else bi.reach(tip_set)  # type: ignore[arg-type]
+        found.update(o for o in pending if bi.has(reach, o))
+        return found
+    commits: set[bytes] = set()
+    others: set[bytes] = set()
+    for oid in pending:
+        (commits if src.object_type(oid) == OBJ_COMMIT else others).add(oid)
+    tip_commits, tip_others = _expand_tips(src, tip_set)
+    found.update(others & tip_others)  # tags (only refs reach them), trees and blobs at tips
+    others -= tip_others
+    walked, _ = src.walk_by_date(tip_commits, [])
+    found.update(commits.intersection(walked))
+    others = {o for o in others if src.object_type(o) != OBJ_TAG}  # no tree or commit names a tag
+    if others:
+        found.update(others - _find_in_trees(src, walked, tip_others, set(others)))
+    return found
 
 
 def _expand_tips(src: CommitSource, tips: set[bytes]) -> tuple[list[bytes], set[bytes]]:
