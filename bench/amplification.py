@@ -390,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row[0]:<44} {row[1]}", flush=True)
     if "before" in results:
         print("\nsummary (before -> after)")
-        for (name, old), (_, new) in zip(results["before"], results["after"], strict=True):
-            print(f"  {name}\n      before: {old}\n      after:  {new}")
+        before = dict(results["before"])
+        for name, new in results["after"]:
+            print(f"  {name}\n      before: {before.get(name, 'not run')}\n      after:  {new}")
     return 0
 
 
