@@ -452,6 +452,8 @@ class ReusePackSource:
                 r = nxt
                 continue
             b = bases[r]
+            if b < 0:
+                return False  # a stored REF_DELTA: its base is not looked up here
             if b == r or not plan.selected[b]:
                 # Whole, or written against something outside this pack (thin base), or
                 # to be decided later (see above).

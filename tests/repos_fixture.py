@@ -223,8 +223,8 @@ def _long_stream(start: int = 1_690_000_000) -> bytes:
 
 def build_long_root(git: Git, root: Path) -> None:
     """long.git (one pack with a bitmap and a commit-graph, uploadpack.allowRefInWant) and
-    long-plain.git (the same without either), both with refs/hidden/secret (hidden: 10
-    commits off main~100)."""
+    long-plain.git (the same without either) and long-refdelta.git (deltas stored as
+    REF_DELTA), all with refs/hidden/secret (hidden: 10 commits off main~100)."""
     repo = root / "long.git"
     git.run("init", "-q", "--bare", "-b", "main", str(repo))
     git.run("fast-import", "--quiet", cwd=repo, input=_long_stream())
@@ -247,7 +247,12 @@ def build_long_root(git: Git, root: Path) -> None:
     plain = root / "long-plain.git"
     git.run("clone", "-q", "--mirror", "--no-local", str(repo), str(plain))
     git.run("-c", "repack.writeBitmaps=false", "repack", "-adq", cwd=plain)
-    for dest in (repo, plain):
+    # The same again with every delta stored as REF_DELTA (packs of older or other tools).
+    refdelta = root / "long-refdelta.git"
+    git.run("clone", "-q", "--mirror", "--no-local", str(repo), str(refdelta))
+    git.run("-c", "repack.writeBitmaps=false", "-c", "repack.useDeltaBaseOffset=false",
+            "repack", "-adfq", cwd=refdelta)
+    for dest in (repo, plain, refdelta):
         git.run("config", "uploadpack.hideRefs", "refs/hidden", cwd=dest)
     # Only here: C git 2.39's own v2 shallow clone fails when the server allows
     # ref-in-want (it sends wanted-refs before shallow-info, which its client refuses).

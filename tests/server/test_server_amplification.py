@@ -190,7 +190,7 @@ def _answer_lines(body: bytes) -> list[bytes]:
 # ---------------------------------------------------------------- deepen N
 
 
-@pytest.mark.parametrize("repo", REPOS)
+@pytest.mark.parametrize("repo", [*REPOS, "long-refdelta.git"])
 def test_deepen_pack_reuses_stored_deltas(git: Git, long_server: LiveServer, long_root: Path,
                                           repo: str) -> None:
     """deepen 20: the oldest version of the big file in the pack lacks its stored base,
