@@ -268,10 +268,11 @@ def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         buf = PktBuffer()
-        for payload in ctx.object_info(oi):
-            buf.add(payload)
-        buf.add_flush()
-        answer.chunks = [buf.take()]
+        # PktBuffer hands back a chunk every 32 KiB: keep each (an answer for a few
+        # thousand ids used to lose all but its tail).
+        chunks = [c for c in map(buf.add, ctx.object_info(oi)) if c]
+        chunks += [c for c in (buf.add_flush(), buf.take()) if c]
+        answer.chunks = chunks
     else:
         answer.fetch = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
     return answer

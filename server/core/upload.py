@@ -244,11 +244,7 @@ class RequestContext:
     def _reachable_subset(self, oids: Sequence[bytes]) -> set[bytes]:
         if self.config.allow_any_sha1:
             return set(oids)
-        ok = set()
-        for oid in oids:
-            if self.odb.contains(oid) and check_wants(self.src, [oid], self.tips()) is None:
-                ok.add(oid)
-        return ok
+        return reachable_subset(self.src, oids, self.tips(), self.registry.reach_cache)
 
     def tips(self) -> set[bytes]:
         """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
