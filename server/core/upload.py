@@ -363,7 +363,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
         if ctx.odb.contains(oid):
             known.append(oid)
     if known and not ctx.config.allow_any_sha1:
-        allowed = reachable_subset(ctx.src, known, ctx.tips())
+        allowed = reachable_subset(ctx.src, known, ctx.tips(), ctx.registry.reach_cache)
         dropped = [o for o in known if o not in allowed]
         if dropped:
             log.info("ignoring %d shallow line(s) of %s not reachable from visible refs: %s",
