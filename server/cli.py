@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Sequence
@@ -13,11 +14,15 @@ import uvloop
 from aiohttp import web
 
 from .config import Config, ConfigError, add_config_arguments, load_config
-from .http import RUNNER_KWARGS, ServerState, make_app, metrics_response
+from .connections import ConnectionGuard, ConnectionLimits, listen
+from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
 
 __all__ = ["main", "serve"]
 
 log = logging.getLogger("gitspout")
+# Descriptors kept free of connections: pack files (one open descriptor per pack for the
+# life of the process), loose objects and ref files being read, the pool, logs, listeners.
+FD_HEADROOM = 128
 
 
 async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
@@ -25,12 +30,16 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     state = ServerState.create(cfg)
     runner = web.AppRunner(make_app(state), access_log=None, **RUNNER_KWARGS)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
-    await site.start()
+    # One guard for every listener: the cap protects the process's descriptor table.
+    guard = ConnectionGuard(ConnectionLimits.from_config(cfg), state.metrics.connections)
+    _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
+    listeners = [await listen(runner, guard, cfg.host, cfg.port, **HANDLER_KWARGS)]
     runners = [runner]
-    port = runner.addresses[0][1] if runner.addresses else cfg.port
+    port = listeners[0].sockets[0].getsockname()[1]
     if cfg.metrics_port:
-        runners.append(await _metrics_site(state, cfg))
+        metrics_runner, metrics_listener = await _metrics_site(state, cfg, guard)
+        runners.append(metrics_runner)
+        listeners.append(metrics_listener)
         print(f"gitspout: metrics at http://{cfg.host}:{cfg.metrics_port}/metrics", flush=True)
     print(f"gitspout: serving {state.resolver.root} at http://{cfg.host}:{port}/", flush=True)
     stop = asyncio.Event()
@@ -42,11 +51,14 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
+        for listener in listeners:
+            listener.close()  # stop accepting; runner.cleanup() closes the connections
         for r in runners:
             await r.cleanup()
 
 
-async def _metrics_site(state: ServerState, cfg: Config) -> web.AppRunner:
+async def _metrics_site(state: ServerState, cfg: Config,
+                        guard: ConnectionGuard) -> tuple[web.AppRunner, asyncio.Server]:
     """A second listener that serves only /metrics (``--metrics-port``)."""
     app = web.Application()
 
@@ -56,8 +68,17 @@ async def _metrics_site(state: ServerState, cfg: Config) -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.metrics_port, reuse_address=True).start()
-    return runner
+    return runner, await listen(runner, guard, cfg.host, cfg.metrics_port, access_log=None)
+
+
+def _warn_if_cap_exceeds_fd_limit(cap: int) -> None:
+    """The cap only protects the server if accepting up to it leaves descriptors for packs,
+    repositories and the pool (FD_HEADROOM)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (not cap or cap + FD_HEADROOM > soft):
+        log.warning("max-connections %s with a descriptor limit of %d (ulimit -n) "
+                    "leaves fewer than %d descriptors for repositories: lower "
+                    "max-connections or raise the limit", cap or "off", soft, FD_HEADROOM)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -32,11 +32,14 @@ from protocol.object_info import parse_object_info_args
 from protocol.pktline import PktBuffer
 
 from .config import Config
+from .connections import GuardedHandler
 from .fscache import DirCache
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
     UPLOAD_PACK,
+    BodyLimits,
+    BodyTimeout,
     HttpError,
     protocol_version,
     read_body,
@@ -50,15 +53,17 @@ from .repos import Repo, RepoNotFound, RepoResolver
 from .stream import PktWriter, pump_pack
 from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
 
-__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
+__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
+           "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
 
-MAX_PKTS = 1_000_000  # pkt-lines per request body; a 100k-ref mirror clone sends ~100k
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+# What each connection's handler is built with (server/connections.py builds them).
+HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 
 
 @dataclass
@@ -71,6 +76,7 @@ class ServerState:
     executor: ThreadPoolExecutor
     dirs: DirCache
     metrics: Metrics
+    body_limits: BodyLimits
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -83,6 +89,7 @@ class ServerState:
             pool,
             DirCache(enabled=cfg.cross_request_cache),
             Metrics(repos, pool),
+            BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
         caches = state.metrics.caches.sources
         caches["listings"] = state.dirs
@@ -167,9 +174,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
-    body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
-    if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
-        raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
+    body = await read_body(request, state.body_limits)
     if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
@@ -411,6 +416,15 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
     except RepoNotFound:
         state.resolver.forget(repo_path)
         return text_response(404, f"repository not found: /{repo_path}")
+    except BodyTimeout as exc:
+        # The body is unfinished and too slow to wait for: answer, then close at once
+        # instead of letting aiohttp read ("linger" over) the rest of it.
+        state.metrics.connections.timeouts["body"] += 1
+        resp = text_response(exc.status, exc.text)
+        resp.force_close()
+        if isinstance(request.protocol, GuardedHandler):
+            request.protocol.skip_lingering()
+        return resp
     except HttpError as exc:
         return text_response(exc.status, exc.text)
     except ClientError as exc:

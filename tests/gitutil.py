@@ -156,14 +156,26 @@ def fsck(git: Git, path: Path) -> None:
 
 
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 timeout: float = 20.0) -> LiveServer:
-    """Start ``gitspout serve`` on a free port and wait until it says where it listens."""
+                 timeout: float = 20.0, nofile: int | None = None) -> LiveServer:
+    """Start ``gitspout serve`` on a free port and wait until it says where it listens.
+
+    ``nofile`` sets the server's RLIMIT_NOFILE soft limit, as ``ulimit -n`` would.
+    """
     cmd = [sys.executable, "-m", "server.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     full_env.update(env or {})
+
+    def limit_fds() -> None:
+        import resource
+
+        assert nofile is not None
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
+
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT,
+                            preexec_fn=limit_fds if nofile is not None else None)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     while time.monotonic() < deadline:
