@@ -174,7 +174,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
-    body = await read_body(request, state.body_limits)
+    body = await read_body(request, state.body_limits, state.run)
     if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
