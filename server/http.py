@@ -50,7 +50,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .odb import ObjectStoreError, PackRegistry
 from .repos import Repo, RepoNotFound, RepoResolver
-from .stream import PktWriter, pump_pack
+from .stream import PktSection, PktWriter, pump_pack
 from .upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, iter_pack, plan_fetch
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
@@ -198,7 +198,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
     try:
-        plan = await state.run(plan_fetch, ctx, req) if req.wants else None
+        plan, preamble = await state.run(_plan_v0, ctx, req) if req.wants else (None, [])
     except ClientError as exc:
         if exc.http_status != 200:
             raise
@@ -207,14 +207,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
     if plan is not None:
-        if plan.shallow.sent:
-            await writer.pkts(iter_shallow_lines(
-                (s.hex().encode() for s in plan.shallow.shallow),
-                (s.hex().encode() for s in plan.shallow.unshallow)))
-            await writer.flush_pkt()
-        assert plan.v0 is not None
-        await writer.pkts(plan.v0.lines)
-        await writer.drain()
+        await writer.chunks(preamble)
         if plan.send_pack:
             await _send_pack(state, ctx, writer, plan)
             if req.sideband is not Sideband.NONE:
@@ -222,6 +215,21 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     await writer.drain()
     await resp.write_eof()
     return resp
+
+
+def _plan_v0(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, list[bytes]]:
+    """In the pool: the plan, and what precedes the pack (shallow lines, ACK/NAK lines)
+    framed, since many haves make megabytes of ACK lines."""
+    plan = plan_fetch(ctx, req)
+    section = PktSection()
+    if plan.shallow.sent:
+        section.pkts(iter_shallow_lines(
+            (s.hex().encode() for s in plan.shallow.shallow),
+            (s.hex().encode() for s in plan.shallow.unshallow)))
+        section.flush_pkt()
+    assert plan.v0 is not None
+    section.pkts(plan.v0.lines)
+    return plan, section.take()
 
 
 def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
@@ -305,7 +313,7 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     try:
-        plan = await state.run(plan_fetch, ctx, req)
+        plan, preamble = await state.run(_plan_v2, ctx, req)
     except ClientError as exc:
         if exc.http_status != 200:
             raise
@@ -314,29 +322,39 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
     answer = plan.v2
     rec.negotiation_round = answer is not None and not answer.send_pack
-    if answer is not None:
-        if answer.ack_lines is not None:
-            await writer.pkts(answer.ack_lines)
-            if answer.send_pack:
-                await writer.delim_pkt()
-            else:
-                await writer.flush_pkt()
-        if answer.send_pack:
-            if plan.shallow.sent or plan.shallow.cut:
-                await writer.pkts(iter_shallow_info(
-                    (s.hex().encode() for s in plan.shallow.shallow),
-                    (s.hex().encode() for s in plan.shallow.unshallow)))
-                await writer.delim_pkt()
-            if plan.wanted_refs:
-                await writer.pkts(iter_wanted_refs(plan.wanted_refs))
-                await writer.delim_pkt()
-            await writer.pkt(PACKFILE_HEADER)
-            await writer.drain()
-            await _send_pack(state, ctx, writer, plan)
-            await writer.flush_pkt()
+    await writer.chunks(preamble)
+    if answer is not None and answer.send_pack:
+        await _send_pack(state, ctx, writer, plan)
+        await writer.flush_pkt()
     await writer.drain()
     await resp.write_eof()
     return resp
+
+
+def _plan_v2(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, list[bytes]]:
+    """In the pool: the plan, and every section before the pack data (acknowledgments,
+    shallow-info, wanted-refs, the packfile line) framed, as for v0."""
+    plan = plan_fetch(ctx, req)
+    section = PktSection(sideband_all=req.sideband_all)
+    answer = plan.v2
+    if answer is not None:
+        if answer.ack_lines is not None:
+            section.pkts(answer.ack_lines)
+            if answer.send_pack:
+                section.delim_pkt()
+            else:
+                section.flush_pkt()
+        if answer.send_pack:
+            if plan.shallow.sent or plan.shallow.cut:
+                section.pkts(iter_shallow_info(
+                    (s.hex().encode() for s in plan.shallow.shallow),
+                    (s.hex().encode() for s in plan.shallow.unshallow)))
+                section.delim_pkt()
+            if plan.wanted_refs:
+                section.pkts(iter_wanted_refs(plan.wanted_refs))
+                section.delim_pkt()
+            section.pkt(PACKFILE_HEADER)
+    return plan, section.take()
 
 
 STATE_KEY = web.AppKey("state", ServerState)
