@@ -14,7 +14,7 @@ import uvloop
 from aiohttp import web
 
 from .config import Config, ConfigError, add_config_arguments, load_config
-from .connections import ConnectionGuard, ConnectionLimits, listen
+from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
 from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
 
 __all__ = ["main", "serve"]
@@ -27,6 +27,7 @@ FD_HEADROOM = 128
 
 async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM."""
+    install_log_filter()
     state = ServerState.create(cfg)
     runner = web.AppRunner(make_app(state), access_log=None, **RUNNER_KWARGS)
     await runner.setup()

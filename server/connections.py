@@ -1,5 +1,5 @@
 """Connection lifetimes: deadlines on the phases in which the server waits for the client to
-send, and a cap on open connections.
+send, a cap on open connections, and one log line (not a traceback) per malformed request.
 
 aiohttp alone keeps a connection that sends nothing, or a request head at one byte a second,
 for an hour (its keep-alive timer is the only one, and a dribbling head never completes).
@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from .config import Config
 from .metrics import ConnectionStats
 
-__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen"]
+__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen",
+           "OneLineBadRequests", "install_log_filter", "describe_bad_request"]
 
 log = logging.getLogger("gitspout")
 
@@ -269,3 +271,44 @@ async def listen(runner: web.BaseRunner, guard: ConnectionGuard, host: str, port
     loop = asyncio.get_running_loop()
     return await loop.create_server(guard.protocol_factory(runner, **handler_kwargs),
                                     host, port, reuse_address=True, backlog=128)
+
+
+def describe_bad_request(exc: HttpProcessingError) -> str:
+    """aiohttp's parser message on one line: its multi-line layout (a caret under the
+    offending byte) and any control characters dropped, at most 300 characters."""
+    text = exc.message if isinstance(exc.message, str) else str(exc)
+    lines = [line.strip() for line in text.splitlines()]
+    flat = " ".join(line for line in lines if line and set(line) != {"^"})
+    flat = "".join(ch if ch.isprintable() else "?" for ch in flat)
+    return flat[:300]
+
+
+class OneLineBadRequests(logging.Filter):
+    """Turns aiohttp's "Error handling request" record for a request it could not parse
+    (``HttpProcessingError``: bad request line, header, chunk...) into one warning line.
+
+    The traceback points into aiohttp's parser, says nothing about gitspout and is the
+    client's fault; one line per bad request keeps scanners from flooding the log. Other
+    exceptions (bugs) keep their traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        remote = args[0] if args else "?"
+        record.msg = "bad HTTP request from %s: %s"
+        record.args = (remote, describe_bad_request(exc))
+        record.exc_info = None
+        record.exc_text = None
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return logging.getLogger(record.name).isEnabledFor(record.levelno)
+
+
+def install_log_filter() -> None:
+    """Put :class:`OneLineBadRequests` on the logger aiohttp's protocol reports through."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, OneLineBadRequests) for f in logger.filters):
+        logger.addFilter(OneLineBadRequests())

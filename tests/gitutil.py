@@ -156,10 +156,13 @@ def fsck(git: Git, path: Path) -> None:
 
 
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 timeout: float = 20.0, nofile: int | None = None) -> LiveServer:
+                 timeout: float = 20.0, output: list[str] | None = None,
+                 nofile: int | None = None) -> LiveServer:
     """Start ``gitspout serve`` on a free port and wait until it says where it listens.
 
-    ``nofile`` sets the server's RLIMIT_NOFILE soft limit, as ``ulimit -n`` would.
+    ``output``, when given, receives every line the server prints (stdout and stderr, in
+    order) as well as the test's stderr. ``nofile`` sets the server's RLIMIT_NOFILE soft
+    limit, as ``ulimit -n`` would.
     """
     cmd = [sys.executable, "-m", "server.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
@@ -182,22 +185,27 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
         line = proc.stdout.readline().decode(errors="replace")
         if not line:
             break
+        if output is not None:
+            output.append(line.rstrip("\n"))
         m = re.search(r"serving .* at http://127\.0\.0\.1:(\d+)/", line)
         if m:
             server = LiveServer(root, proc, int(m.group(1)))
-            _drain_in_background(proc)
+            _drain_in_background(proc, output)
             return server
     proc.kill()
     raise RuntimeError("gitspout did not start")
 
 
-def _drain_in_background(proc: subprocess.Popen[bytes]) -> None:
+def _drain_in_background(proc: subprocess.Popen[bytes], output: list[str] | None = None) -> None:
     import threading
 
     def drain() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stderr.write("[gitspout] " + line.decode(errors="replace"))
+            text = line.decode(errors="replace")
+            if output is not None:
+                output.append(text.rstrip("\n"))
+            sys.stderr.write("[gitspout] " + text)
 
     threading.Thread(target=drain, daemon=True).start()
 
