@@ -10,6 +10,7 @@ import resource
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import uvloop
 from aiohttp import web
@@ -24,6 +25,7 @@ log = logging.getLogger("gitspout")
 # Descriptors kept free of connections: pack files (one open descriptor per pack for the
 # life of the process), loose objects and ref files being read, the pool, logs, listeners.
 FD_HEADROOM = 128
+METRICS_CONNECTIONS = 16  # cap of the --metrics-port listener (Prometheus needs one or two)
 # How long a pool thread running Python (negotiation, framing ACK lines) may keep the GIL
 # while the event-loop thread waits for it; every hop of a request on the loop can wait this
 # long. Python's default, 5 ms, put the p99 of a tiny ls-refs at ~90 ms beside a
@@ -44,14 +46,17 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     state = ServerState.create(cfg)
     runner = web.AppRunner(make_app(state), access_log=None, **RUNNER_KWARGS)
     await runner.setup()
-    # One guard for every listener: the cap protects the process's descriptor table.
-    guard = ConnectionGuard(ConnectionLimits.from_config(cfg), state.metrics.connections)
+    limits = ConnectionLimits.from_config(cfg)
+    guard = ConnectionGuard(limits, state.metrics.connections)
     _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
     listeners = [await listen(runner, guard, cfg.host, cfg.port, **HANDLER_KWARGS)]
     runners = [runner]
     port = listeners[0].sockets[0].getsockname()[1]
     if cfg.metrics_port:
-        metrics_runner, metrics_listener = await _metrics_site(state, cfg, guard)
+        # A guard of its own: scrapes go on while the serving port is at its cap.
+        metrics_guard = ConnectionGuard(replace(limits, max_connections=METRICS_CONNECTIONS),
+                                        state.metrics.connections)
+        metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
         runners.append(metrics_runner)
         listeners.append(metrics_listener)
         print(f"gitspout: metrics at http://{cfg.host}:{cfg.metrics_port}/metrics", flush=True)

@@ -65,12 +65,14 @@ class ConnectionLimits:
 
 
 class ConnectionGuard:
-    """Counts the open connections of a process (every listener shares one guard, as they
-    share one descriptor table) and knows which are waiting, longest-waiting first."""
+    """Counts the open connections of its listeners against ``max_connections`` and knows
+    which are waiting, longest-waiting first. ``stats`` (shared by every guard of the
+    process) is what /metrics shows."""
 
     def __init__(self, limits: ConnectionLimits, stats: ConnectionStats) -> None:
         self.limits = limits
         self.stats = stats
+        self.open = 0
         # Insertion order is the order in which connections started waiting: the first key
         # is the one to evict. Moving a key to the end is a pop and a set, O(1).
         self.waiting: dict[GuardedHandler, None] = {}
@@ -80,7 +82,7 @@ class ConnectionGuard:
         """Count a new connection in, closing the longest-waiting one if the cap is reached;
         False when every open connection is busy (the new one must be refused)."""
         cap = self.limits.max_connections
-        if cap and self.stats.open >= cap:
+        if cap and self.open >= cap:
             if not self.waiting:
                 self.stats.rejected += 1
                 self._warn(cap, "every connection is busy; refusing new ones (503)")
@@ -89,13 +91,15 @@ class ConnectionGuard:
             self.stats.evicted += 1
             self._warn(cap, "closing the longest-waiting idle connections to admit new ones")
             victim.evict()
+        self.open += 1
         self.stats.open += 1
         return True
 
     def release(self, handler: GuardedHandler) -> None:
         self.waiting.pop(handler, None)
+        self.open -= 1
         self.stats.open -= 1
-        if self.stats.open <= self.limits.max_connections * 9 // 10:
+        if self.open <= self.limits.max_connections * 9 // 10:
             self._warned = False
 
     def _warn(self, cap: int, what: str) -> None:
@@ -124,7 +128,7 @@ class GuardedHandler(RequestHandler):
     def __init__(self, manager: web.Server, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = guard
-        self._counted = False  # counted in guard.stats.open; cleared on release or eviction
+        self._counted = False  # counted in guard.open; cleared on release or eviction
         self._refused = False
         self._busy = False
         self._opened = 0.0
@@ -198,6 +202,7 @@ class GuardedHandler(RequestHandler):
         self._guard.waiting.pop(self, None)
         if self._counted:
             self._counted = False
+            self._guard.open -= 1
             self._guard.stats.open -= 1
         log.debug("evicted a waiting connection at max-connections")
         self._cancel_timer()

@@ -364,3 +364,25 @@ def test_env_setting_is_validated_too(fixture_root: Path) -> None:
         env={"PATH": "/usr/bin:/bin", "GITSPOUT_HEADER_TIMEOUT": "nan"})
     assert proc.returncode == 2
     assert b"header_timeout" in proc.stderr, proc.stderr
+
+
+def test_metrics_port_is_not_capped_by_the_serving_port(fixture_root: Path) -> None:
+    """With the serving port at its cap (every connection busy), /metrics on
+    --metrics-port still answers, and shows the refusal."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    srv = start_server(fixture_root, extra_args=[
+        "--max-connections", "1", "--body-timeout", "60", "--metrics-port", str(metrics_port)])
+    busy = connect(srv.port)
+    try:
+        busy.sendall(build_request("POST", "/basic.git/git-upload-pack",
+                                   {"Content-Type": UPLOAD_CT, "Content-Length": "100"},
+                                   close=False))
+        time.sleep(0.5)
+        assert get_info_refs(srv.port).status == 503
+        assert _metric(metrics_port, "gitspout_connections_rejected_total") == 1
+        assert _metric(metrics_port, "gitspout_connections_open") == 2  # busy + this scrape
+    finally:
+        abort(busy)
+        srv.stop()
