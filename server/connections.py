@@ -76,7 +76,7 @@ class ConnectionGuard:
         # Insertion order is the order in which connections started waiting: the first key
         # is the one to evict. Moving a key to the end is a pop and a set, O(1).
         self.waiting: dict[GuardedHandler, None] = {}
-        self._warned = False
+        self._warned: set[str] = set()  # what was logged in this episode of saturation
 
     def admit(self, handler: GuardedHandler) -> bool:
         """Count a new connection in, closing the longest-waiting one if the cap is reached;
@@ -85,11 +85,12 @@ class ConnectionGuard:
         if cap and self.open >= cap:
             if not self.waiting:
                 self.stats.rejected += 1
-                self._warn(cap, "every connection is busy; refusing new ones (503)")
+                self._warn("refused", "every connection is busy; refusing new ones (503)")
                 return False
             victim = next(iter(self.waiting))
             self.stats.evicted += 1
-            self._warn(cap, "closing the longest-waiting idle connections to admit new ones")
+            self._warn("evicted", "closing the longest-waiting idle connections to admit new "
+                       "ones")
             victim.evict()
         self.open += 1
         self.stats.open += 1
@@ -99,14 +100,15 @@ class ConnectionGuard:
         self.waiting.pop(handler, None)
         self.open -= 1
         self.stats.open -= 1
-        if self.open <= self.limits.max_connections * 9 // 10:
-            self._warned = False
+        if self._warned and self.open <= self.limits.max_connections * 9 // 10:
+            self._warned.clear()
 
-    def _warn(self, cap: int, what: str) -> None:
-        """One line per episode of saturation, not one per connection of a flood."""
-        if not self._warned:
-            self._warned = True
-            log.warning("%d connections open (max-connections): %s", cap, what)
+    def _warn(self, kind: str, what: str) -> None:
+        """One line per kind per episode of saturation, not one per connection of a flood."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("%d connections open (max-connections): %s",
+                        self.limits.max_connections, what)
 
     def protocol_factory(self, runner: web.BaseRunner,
                          **handler_kwargs: Any) -> Callable[[], GuardedHandler]:
@@ -216,6 +218,8 @@ class GuardedHandler(RequestHandler):
 
     def _wait(self) -> None:
         self._busy = False
+        if not self._counted or self.transport is None:
+            return  # gone (a handler can end after its connection was lost)
         waiting = self._guard.waiting
         waiting.pop(self, None)
         waiting[self] = None

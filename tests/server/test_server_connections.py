@@ -386,3 +386,26 @@ def test_metrics_port_is_not_capped_by_the_serving_port(fixture_root: Path) -> N
     finally:
         abort(busy)
         srv.stop()
+
+
+def test_cap_counts_no_connection_that_went_away_mid_request(capped_server: LiveServer) -> None:
+    """Clients that vanish while their request is handled leave nothing behind: at the cap,
+    the next newcomer still closes a real idle connection, and the count stays at the cap."""
+    port = capped_server.port
+    head = build_request("POST", "/basic.git/git-upload-pack",
+                         {"Content-Type": UPLOAD_CT, "Content-Length": "100"}, close=False)
+    for _ in range(3):
+        gone = connect(port)
+        gone.sendall(head)  # its handler waits for the body...
+        time.sleep(0.2)
+        abort(gone)  # ...and the client vanishes
+    time.sleep(0.3)
+    idle = [connect(port) for _ in range(3)]
+    try:
+        time.sleep(0.3)
+        assert get_info_refs(port).status == 200
+        assert _closed_within(idle[0], 5) is not None, "the oldest idle connection was kept"
+        assert _metric(port, "gitspout_connections_open") <= 3
+    finally:
+        for sock in idle:
+            sock.close()
