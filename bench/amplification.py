@@ -40,6 +40,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.process import gitspout_command  # noqa: E402
+
 BENCH_DIR = Path(__file__).resolve().parent
 CHECKOUT = BENCH_DIR.parent
 DEFAULT_REPO = BENCH_DIR / "work" / "real" / "dulwich-gc.git"
@@ -135,10 +140,11 @@ class Server:
 
 @contextmanager
 def serve(tree: Path, root: Path) -> Iterator[Server]:
-    """``python -m server.cli serve`` from ``tree`` on a free loopback port."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
+    """gitspout's ``serve`` from the source tree ``tree`` on a free loopback port."""
+    prefix, extra = gitspout_command(tree, Path(tempfile.mkdtemp(prefix="gitspout-import-")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")} | extra
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--root", str(root), "--host", HOST,
+        [*prefix, "--root", str(root), "--host", HOST,
          "--port", "0", "--log-level", "warning"],
         cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -37,10 +38,13 @@ from ..store.fscache import DirCache
 from ..store.odb import ObjectStoreError, PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
+from .connections import GuardedHandler
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
     UPLOAD_PACK,
+    BodyLimits,
+    BodyTimeout,
     HttpError,
     protocol_version,
     read_body,
@@ -49,17 +53,19 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
-from .stream import PktWriter, pump_pack
+from .stream import PktSection, PktWriter, pump_pack
 
-__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
+__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
+           "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
 
-MAX_PKTS = 1_000_000  # pkt-lines per request body; a 100k-ref mirror clone sends ~100k
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+# What each connection's handler is built with (server/connections.py builds them).
+HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 
 
 @dataclass
@@ -72,6 +78,13 @@ class ServerState:
     executor: ThreadPoolExecutor
     dirs: DirCache
     metrics: Metrics
+    body_limits: BodyLimits
+    # Inflating gzip bodies is CPU-bound C code that lets the GIL go: run unbounded, four
+    # 64 MiB bombs take every core and the event loop waits for a CPU (p99 of a tiny
+    # ls-refs 87 ms on 2 cores). At most half the cores inflate at once; others wait,
+    # without holding a pool thread.
+    inflating: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -85,6 +98,7 @@ class ServerState:
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
+            BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
         caches = state.metrics.caches.sources
         caches["listings"] = state.dirs
@@ -92,6 +106,11 @@ class ServerState:
         caches["object_sets"] = state.registry.reach_cache
         caches["advertisements"] = state.registry.encoded_stats
         return state
+
+    async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`run` under the ``inflating`` semaphore (request body decoding)."""
+        async with self.inflating:
+            return await self.run(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         pool = self.metrics._pool
@@ -168,9 +187,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
-    body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
-    if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
-        raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
+    body = await read_body(request, state.body_limits, state.run_bounded)
     if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
@@ -194,7 +211,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
     try:
-        plan = await state.run(plan_fetch, ctx, req) if req.wants else None
+        plan, preamble = await state.run(_plan_v0, ctx, req) if req.wants else (None, [])
     except ClientError as exc:
         if exc.http_status != 200:
             raise
@@ -203,14 +220,7 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
     if plan is not None:
-        if plan.shallow.sent:
-            await writer.pkts(iter_shallow_lines(
-                (s.hex().encode() for s in plan.shallow.shallow),
-                (s.hex().encode() for s in plan.shallow.unshallow)))
-            await writer.flush_pkt()
-        assert plan.v0 is not None
-        await writer.pkts(plan.v0.lines)
-        await writer.drain()
+        await writer.chunks(preamble)
         if plan.send_pack:
             await _send_pack(state, ctx, writer, plan)
             if req.sideband is not Sideband.NONE:
@@ -218,6 +228,21 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
     await writer.drain()
     await resp.write_eof()
     return resp
+
+
+def _plan_v0(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, list[bytes]]:
+    """In the pool: the plan, and what precedes the pack (shallow lines, ACK/NAK lines)
+    framed, since many haves make megabytes of ACK lines."""
+    plan = plan_fetch(ctx, req)
+    section = PktSection()
+    if plan.shallow.sent:
+        section.pkts(iter_shallow_lines(
+            (s.hex().encode() for s in plan.shallow.shallow),
+            (s.hex().encode() for s in plan.shallow.unshallow)))
+        section.flush_pkt()
+    assert plan.v0 is not None
+    section.pkts(plan.v0.lines)
+    return plan, section.take()
 
 
 def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
@@ -305,7 +330,7 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     try:
-        plan = await state.run(plan_fetch, ctx, req)
+        plan, preamble = await state.run(_plan_v2, ctx, req)
     except ClientError as exc:
         if exc.http_status != 200:
             raise
@@ -314,29 +339,39 @@ async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: Request
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
     answer = plan.v2
     rec.negotiation_round = answer is not None and not answer.send_pack
-    if answer is not None:
-        if answer.ack_lines is not None:
-            await writer.pkts(answer.ack_lines)
-            if answer.send_pack:
-                await writer.delim_pkt()
-            else:
-                await writer.flush_pkt()
-        if answer.send_pack:
-            if plan.shallow.sent or plan.shallow.cut:
-                await writer.pkts(iter_shallow_info(
-                    (s.hex().encode() for s in plan.shallow.shallow),
-                    (s.hex().encode() for s in plan.shallow.unshallow)))
-                await writer.delim_pkt()
-            if plan.wanted_refs:
-                await writer.pkts(iter_wanted_refs(plan.wanted_refs))
-                await writer.delim_pkt()
-            await writer.pkt(PACKFILE_HEADER)
-            await writer.drain()
-            await _send_pack(state, ctx, writer, plan)
-            await writer.flush_pkt()
+    await writer.chunks(preamble)
+    if answer is not None and answer.send_pack:
+        await _send_pack(state, ctx, writer, plan)
+        await writer.flush_pkt()
     await writer.drain()
     await resp.write_eof()
     return resp
+
+
+def _plan_v2(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, list[bytes]]:
+    """In the pool: the plan, and every section before the pack data (acknowledgments,
+    shallow-info, wanted-refs, the packfile line) framed, as for v0."""
+    plan = plan_fetch(ctx, req)
+    section = PktSection(sideband_all=req.sideband_all)
+    answer = plan.v2
+    if answer is not None:
+        if answer.ack_lines is not None:
+            section.pkts(answer.ack_lines)
+            if answer.send_pack:
+                section.delim_pkt()
+            else:
+                section.flush_pkt()
+        if answer.send_pack:
+            if plan.shallow.sent or plan.shallow.cut:
+                section.pkts(iter_shallow_info(
+                    (s.hex().encode() for s in plan.shallow.shallow),
+                    (s.hex().encode() for s in plan.shallow.unshallow)))
+                section.delim_pkt()
+            if plan.wanted_refs:
+                section.pkts(iter_wanted_refs(plan.wanted_refs))
+                section.delim_pkt()
+            section.pkt(PACKFILE_HEADER)
+    return plan, section.take()
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -421,6 +456,15 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # repository that is not there, and the operator learns which link it was.
         log.warning("refusing /%s: %s", repo_path, exc)
         return text_response(404, f"repository not found: /{repo_path}")
+    except BodyTimeout as exc:
+        # The body is unfinished and too slow to wait for: answer, then close at once
+        # instead of letting aiohttp read ("linger" over) the rest of it.
+        state.metrics.connections.timeouts["body"] += 1
+        resp = text_response(exc.status, exc.text)
+        resp.force_close()
+        if isinstance(request.protocol, GuardedHandler):
+            request.protocol.skip_lingering()
+        return resp
     except HttpError as exc:
         return text_response(exc.status, exc.text)
     except ClientError as exc:

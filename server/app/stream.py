@@ -27,9 +27,53 @@ from gitspout.protocol.sideband import (
 
 from ..core.stats import Progress
 
-__all__ = ["PktWriter", "pump_pack"]
+__all__ = ["PktWriter", "PktSection", "pump_pack"]
 
 _END = object()
+# PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
+# data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
+YIELD_EVERY = 1 << 20
+
+
+class PktSection:
+    """Pkt-lines framed ahead of time, off the event loop, into the chunks that
+    :class:`PktWriter` would have written for the same calls (``pkt``, ``flush_pkt``,
+    ``delim_pkt``, then a drain). Write them with :meth:`PktWriter.chunks`.
+
+    Framing hundreds of thousands of ACK lines is seconds of Python: done in the pool, it
+    leaves the loop free to answer other requests meanwhile.
+    """
+
+    def __init__(self, sideband_all: bool = False, chunk_size: int = 32 * 1024) -> None:
+        self.sideband_all = sideband_all
+        self.buf = PktBuffer(chunk_size)
+        self.out: list[bytes] = []
+
+    def _keep(self, chunk: bytes | None) -> None:
+        if chunk:
+            self.out.append(chunk)
+
+    def pkt(self, payload: bytes) -> None:
+        """One data pkt-line (band 1 under sideband-all), as :meth:`PktWriter.pkt`."""
+        if self.sideband_all:
+            payload = bytes((BAND_DATA,)) + payload
+        self._keep(self.buf.add(payload))
+
+    def pkts(self, payloads: Iterable[bytes]) -> None:
+        for payload in payloads:
+            self.pkt(payload)
+
+    def flush_pkt(self) -> None:
+        self._keep(self.buf.add_raw(FLUSH_PKT))
+
+    def delim_pkt(self) -> None:
+        self._keep(self.buf.add_raw(DELIM_PKT))
+
+    def take(self) -> list[bytes]:
+        """Every chunk so far, the last one possibly short (what a drain would write)."""
+        self._keep(self.buf.take())
+        out, self.out = self.out, []
+        return out
 
 
 class PktWriter:
@@ -80,10 +124,16 @@ class PktWriter:
             await self.pkt(payload)
 
     async def chunks(self, chunks: Iterable[bytes]) -> None:
-        """Already-framed chunks (each of 32 KiB or more but the last), one write each."""
+        """Already-framed chunks (each of 32 KiB or more but the last), one write each,
+        letting other tasks run every :data:`YIELD_EVERY` bytes."""
         await self.drain()
+        since_yield = 0
         for chunk in chunks:
             await self._send(chunk)
+            since_yield += len(chunk)
+            if since_yield >= YIELD_EVERY:
+                since_yield = 0
+                await asyncio.sleep(0)
 
     async def flush_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(FLUSH_PKT))
