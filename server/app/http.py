@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -31,11 +32,14 @@ from ..store.fscache import DirCache
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
+from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
     UPLOAD_PACK,
+    BodyLimits,
+    BodyTimeout,
     HttpError,
     protocol_version,
     read_body,
@@ -44,9 +48,10 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
-from .stream import PktWriter, pump_pack
+from .stream import PktSection, PktWriter, pump_pack
 
-__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
+__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
+           "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
@@ -54,6 +59,8 @@ T = TypeVar("T")
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+# What each connection's handler is built with (server/connections.py builds them).
+HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 
 
 @dataclass
@@ -66,6 +73,13 @@ class ServerState:
     executor: ThreadPoolExecutor
     dirs: DirCache
     metrics: Metrics
+    body_limits: BodyLimits
+    # Inflating gzip bodies is CPU-bound C code that lets the GIL go: run unbounded, four
+    # 64 MiB bombs take every core and the event loop waits for a CPU (p99 of a tiny
+    # ls-refs 87 ms on 2 cores). At most half the cores inflate at once; others wait,
+    # without holding a pool thread.
+    inflating: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -79,6 +93,7 @@ class ServerState:
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
+            BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
         caches = state.metrics.caches.sources
         caches["listings"] = state.dirs
@@ -86,6 +101,11 @@ class ServerState:
         caches["object_sets"] = state.registry.reach_cache
         caches["advertisements"] = state.registry.encoded_stats
         return state
+
+    async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`run` under the ``inflating`` semaphore (request body decoding)."""
+        async with self.inflating:
+            return await self.run(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         pool = self.metrics._pool
@@ -163,7 +183,7 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
     # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).
-    body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
+    body = await read_body(request, state.body_limits, state.run_bounded)
     if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
@@ -186,18 +206,33 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
         lambda: (ctx.object_format, v0_request_capabilities(ctx.config.allow_filter)))
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
-    plan = await state.run(plan_fetch, ctx, req) if req.wants else None
+    if req.wants:
+        plan, framed = await state.run(_plan_v0, ctx, req)
+    else:
+        plan, framed = None, _Framed.of(iter_v0_fetch_response(None))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
-    if plan is None:
-        items = iter_v0_fetch_response(None)
-    else:
-        items = iter_v0_fetch_response(plan.v0, **_shallow_args(plan),
-                                       sideband=req.sideband is not Sideband.NONE)
-    await _write_response(state, ctx, writer, plan, items)
+    await _write_fetch(state, ctx, writer, plan, framed)
     await resp.write_eof()
     return resp
+
+
+@dataclass
+class _Framed:
+    """A fetch response as protocol/fetch_response.py lays it out, framed up to the pack in
+    the pool (many haves make megabytes of ACK lines): the chunks before the pack, whether
+    the pack comes, and the items after it."""
+
+    before: list[bytes]
+    pack: bool
+    after: Iterator[bytes | Mark]
+
+    @classmethod
+    def of(cls, items: Iterator[bytes | Mark], sideband_all: bool = False) -> _Framed:
+        section = PktSection(sideband_all=sideband_all)
+        pack = section.frame(items)
+        return cls(section.take(), pack, items)
 
 
 def _shallow_args(plan: FetchPlan) -> dict[str, Any]:
@@ -206,20 +241,22 @@ def _shallow_args(plan: FetchPlan) -> dict[str, Any]:
             "deepen": plan.shallow.sent}
 
 
-async def _write_response(state: ServerState, ctx: RequestContext, writer: PktWriter,
-                          plan: FetchPlan | None, items: Iterable[bytes | Mark]) -> None:
-    """Write what protocol/fetch_response.py lays out; the pack goes where it says."""
-    for item in items:
-        if isinstance(item, bytes):
-            await writer.pkt(item)
-        elif item is Mark.FLUSH:
-            await writer.flush_pkt()
-        elif item is Mark.DELIM:
-            await writer.delim_pkt()
-        else:
-            assert item is Mark.PACK and plan is not None
-            await writer.drain()
-            await _send_pack(state, ctx, writer, plan)
+def _plan_v0(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, _Framed]:
+    """In the pool: the plan, and what precedes the pack (shallow lines, ACK/NAK lines)."""
+    plan = plan_fetch(ctx, req)
+    items = iter_v0_fetch_response(plan.v0, **_shallow_args(plan),
+                                   sideband=req.sideband is not Sideband.NONE)
+    return plan, _Framed.of(items)
+
+
+async def _write_fetch(state: ServerState, ctx: RequestContext, writer: PktWriter,
+                       plan: FetchPlan | None, framed: _Framed) -> None:
+    """Write a framed fetch response; the pack goes where protocol/ put it."""
+    await writer.chunks(framed.before)
+    if framed.pack:
+        assert plan is not None
+        await _send_pack(state, ctx, writer, plan)
+        await writer.items(framed.after)
     await writer.drain()
 
 
@@ -261,10 +298,11 @@ def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         buf = PktBuffer()
-        for payload in ctx.object_info(oi):
-            buf.add(payload)
-        buf.add_flush()
-        answer.chunks = [buf.take()]
+        # PktBuffer hands back a chunk every 32 KiB: keep each (an answer for a few
+        # thousand ids used to lose all but its tail).
+        chunks = [c for c in map(buf.add, ctx.object_info(oi)) if c]
+        chunks += [c for c in (buf.add_flush(), buf.take()) if c]
+        answer.chunks = chunks
     else:
         answer.fetch = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
     return answer
@@ -296,16 +334,23 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
-    plan = await state.run(plan_fetch, ctx, req)
+    plan, framed = await state.run(_plan_v2, ctx, req)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
     rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
+    await _write_fetch(state, ctx, writer, plan, framed)
+    await resp.write_eof()
+    return resp
+
+
+def _plan_v2(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, _Framed]:
+    """In the pool: the plan, and every section before the pack data (acknowledgments,
+    shallow-info, wanted-refs, the packfile line), as for v0."""
+    plan = plan_fetch(ctx, req)
     items = iter_v2_fetch_response(plan.v2, **_shallow_args(plan),
                                    client_shallow=bool(plan.shallow.cut),
                                    wanted_refs=plan.wanted_refs)
-    await _write_response(state, ctx, writer, plan, items)
-    await resp.write_eof()
-    return resp
+    return plan, _Framed.of(items, sideband_all=req.sideband_all)
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -390,7 +435,19 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
             state.resolver.forget(repo_path)
         if answer.status == 200:
             return await _refuse_in_protocol(request, answer.text, rec)
-        return text_response(answer.status, answer.text)
+        resp = text_response(answer.status, answer.text)
+        if isinstance(exc, BodyTimeout):
+            _close_at_once(state, request, resp)
+        return resp
+
+
+def _close_at_once(state: ServerState, request: web.Request, resp: web.Response) -> None:
+    """The body is unfinished and too slow to wait for: answer, then close at once instead
+    of letting aiohttp read ("linger" over) the rest of it."""
+    state.metrics.connections.timeouts["body"] += 1
+    resp.force_close()
+    if isinstance(request.protocol, GuardedHandler):
+        request.protocol.skip_lingering()
 
 
 async def _shutdown(state: ServerState) -> None:

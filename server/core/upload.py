@@ -238,11 +238,7 @@ class RequestContext:
     def _reachable_subset(self, oids: Sequence[bytes]) -> set[bytes]:
         if self.config.allow_any_sha1:
             return set(oids)
-        ok = set()
-        for oid in oids:
-            if self.odb.contains(oid) and check_wants(self.src, [oid], self.tips()) is None:
-                ok.add(oid)
-        return ok
+        return reachable_subset(self.src, oids, self.tips(), self.registry.reach_cache)
 
     def tips(self) -> set[bytes]:
         """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
@@ -361,7 +357,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
         if ctx.odb.contains(oid):
             known.append(oid)
     if known and not ctx.config.allow_any_sha1:
-        allowed = reachable_subset(ctx.src, known, ctx.tips())
+        allowed = reachable_subset(ctx.src, known, ctx.tips(), ctx.registry.reach_cache)
         dropped = [o for o in known if o not in allowed]
         if dropped:
             log.info("ignoring %d shallow line(s) of %s not reachable from visible refs: %s",

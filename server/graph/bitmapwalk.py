@@ -104,6 +104,10 @@ class BitmapIndex:
             return reach.test(rank), rank
         return oid in reach.extra, None
 
+    def has(self, reach: Reach, oid: bytes) -> bool:
+        """True when ``oid`` is in ``reach`` (in the bitmapped pack or among its extras)."""
+        return self._has(reach, oid)[0]
+
     def _add(self, reach: Reach, oid: bytes, rank: int | None, type_num: int) -> None:
         if rank is not None:
             reach.set(rank)
