@@ -197,13 +197,27 @@ def wait_for_http(
     raise ServerError(f"GET http://{host}:{port}{path} not ready after {timeout}s: {last}")
 
 
-def link_import_root(dest: Path, packages: Sequence[str] = ("server", "protocol")) -> None:
-    """Make a copy of the top-level ``server/`` and ``protocol/`` folders in *dest*
+def link_import_root(dest: Path, packages: Sequence[str] = ("server", "protocol"),
+                     source: Path | None = None) -> None:
+    """Make the ``server/`` and ``protocol/`` folders of *source* (default: *dest* itself)
     importable as ``gitspout.server`` and ``gitspout.protocol`` through ``PYTHONPATH=dest``
     (the names the installed distribution gives them: pyproject.toml ``package-dir``)."""
     ns = dest / "gitspout"
-    ns.mkdir(exist_ok=True)
+    ns.mkdir(parents=True, exist_ok=True)
     for pkg in packages:
         link = ns / pkg
         if not link.exists():
-            link.symlink_to(Path("..") / pkg)
+            link.symlink_to(source / pkg if source is not None else Path("..") / pkg)
+
+
+def gitspout_command(tree: Path, scratch: Path) -> tuple[list[str], dict[str, str]]:
+    """The argv prefix (up to ``serve``) and extra environment that run the gitspout code of
+    the source tree *tree*: since the move to one import root that is
+    ``python -m gitspout.server.app.cli`` with a ``PYTHONPATH`` made in *scratch*; older
+    trees ran as ``python -m server.cli`` from their own folder (pass ``cwd=tree``)."""
+    import sys
+
+    if (tree / "server" / "app" / "cli.py").exists():
+        link_import_root(scratch, source=tree.resolve())
+        return [sys.executable, "-m", "gitspout.server.app.cli", "serve"], {"PYTHONPATH": str(scratch)}
+    return [sys.executable, "-m", "server.cli", "serve"], {}

@@ -7,7 +7,7 @@ values or decisions. Repository facts arrive as arguments or through small Proto
 from .advertise import format_service_header, format_v0_capabilities, iter_v0_advertisement
 from .capabilities import V2Features, iter_v2_capabilities
 from .command import CommandRequest, parse_command_request
-from .errors import ClientError, ProtocolError
+from .errors import ClientError, ProtocolError, Refusal
 from .fetch_request import (
     INFINITE_DEPTH,
     FetchRequest,
@@ -37,6 +37,7 @@ from .refs import HeadInfo, Ref, ref_is_hidden
 __all__ = [
     "ClientError",
     "ProtocolError",
+    "Refusal",
     "CommandRequest",
     "parse_command_request",
     "FetchRequest",

@@ -14,6 +14,8 @@ from .refs import HeadInfo, Ref
 
 __all__ = [
     "V0_BASE_CAPABILITIES",
+    "V0_REQUEST_CAPABILITIES",
+    "v0_request_capabilities",
     "format_service_header",
     "format_v0_capabilities",
     "iter_v0_advertisement",
@@ -35,6 +37,21 @@ V0_BASE_CAPABILITIES: tuple[bytes, ...] = (
     b"include-tag",
     b"multi_ack_detailed",
 )
+
+# What a v0 client may name back in its first want line (ARCHITECTURE.md P12): what
+# format_v0_capabilities offers, by name, except the facts a client has no use to repeat
+# (allow-*-sha1-in-want, symref). ``filter`` only when it was offered.
+V0_REQUEST_CAPABILITIES: frozenset[bytes] = frozenset(V0_BASE_CAPABILITIES) | {
+    b"no-done",
+    b"session-id",
+    b"object-format",
+    b"agent",
+}
+
+
+def v0_request_capabilities(allow_filter: bool) -> frozenset[bytes]:
+    """The capability names a v0 request may use, given whether ``filter`` is offered."""
+    return V0_REQUEST_CAPABILITIES | {b"filter"} if allow_filter else V0_REQUEST_CAPABILITIES
 
 
 def format_service_header(service: bytes) -> bytes:

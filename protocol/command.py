@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .capabilities import V2Features
 from .errors import ClientError
-from .pktline import Pkt, PktKind, iter_pkts
+from .pktline import MAX_REQUEST_PKTS, Pkt, PktKind, iter_pkts
 
 __all__ = ["CommandRequest", "parse_command_request", "KNOWN_COMMANDS"]
 
@@ -106,10 +106,12 @@ def _take_args(pkts: list[Pkt], start: int, limit: int) -> tuple[bytes, ...]:
 
 
 def parse_command_request(
-    body: bytes | Iterable[Pkt], features: V2Features, max_args: int = 1_000_000
+    body: bytes | Iterable[Pkt], features: V2Features, max_args: int = 1_000_000,
+    max_pkts: int = MAX_REQUEST_PKTS,
 ) -> CommandRequest | None:
-    """Parse one v2 request body. ``None`` means an empty request (a lone flush)."""
-    pkts = _until_request_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
+    """Parse one v2 request body. ``None`` means an empty request (a lone flush). More than
+    ``max_pkts`` pkt-lines before the request's end is a 413 :class:`ClientError`."""
+    pkts = _until_request_end(iter_pkts(body, max_pkts) if isinstance(body, bytes) else iter(body))
     if not pkts:
         raise ClientError("protocol error: empty request")
     if pkts[0].kind is PktKind.FLUSH:

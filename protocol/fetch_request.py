@@ -12,7 +12,7 @@ from .capabilities import V2Features
 from .errors import ClientError
 from .filters import FilterSpec, parse_filter_spec
 from .oid import parse_oid
-from .pktline import Pkt, PktKind, iter_pkts
+from .pktline import MAX_REQUEST_PKTS, Pkt, PktKind, iter_pkts
 
 __all__ = [
     "MultiAck",
@@ -22,10 +22,32 @@ __all__ = [
     "parse_v0_request",
     "parse_v2_fetch_args",
     "INFINITE_DEPTH",
+    "MAX_WANTS",
+    "MAX_HAVES",
+    "MAX_SHALLOWS",
+    "MAX_DEEPEN_NOT",
 ]
 
 # fetch-pack sends this depth for --unshallow (shallow.h INFINITE_DEPTH).
 INFINITE_DEPTH = 0x7FFFFFFF
+
+# Caps on what one fetch request may list (distinct entries; repeats cost nothing more).
+# What real clients send: fetch-pack asks for one want (or, with ref-in-want, one want-ref)
+# per distinct ref tip it lacks, so a mirror fetch of N refs sends up to N; it resends its
+# whole shallow file (one line per boundary commit, at most about one per ref after a
+# --depth clone); in a stateless round it sends the haves found common so far plus one
+# batch (16, 32, ... 16384, then +10% a round), so haves grow with the client's history.
+# A million each is more than the HTTP layer lets through anyway (its cap on pkt-lines
+# per body), so no real client meets these; they bound the work of a request on any
+# transport. deepen-not lines come from --shallow-exclude arguments typed by a person.
+MAX_WANTS = 1_000_000  # want and want-ref lines together
+MAX_HAVES = 1_000_000
+MAX_SHALLOWS = 1_000_000
+MAX_DEEPEN_NOT = 10_000
+
+
+def _too_many(what: str, cap: int) -> ClientError:
+    return ClientError(f"git upload-pack: too many {what} lines (at most {cap:,} per request)")
 
 
 class MultiAck(enum.IntEnum):
@@ -89,23 +111,48 @@ class FetchRequest:
 
 @dataclass
 class _Builder:
+    """Collects one request's lines. Wants, want-refs and shallows are kept in dicts used
+    as ordered sets: a repeated line costs one hash lookup, never a scan of the list."""
+
     hex_len: int
-    wants: list[bytes] = field(default_factory=list)
-    want_refs: list[bytes] = field(default_factory=list)
+    wants: dict[bytes, None] = field(default_factory=dict)
+    want_refs: dict[bytes, None] = field(default_factory=dict)
     haves: list[bytes] = field(default_factory=list)
-    shallows: list[bytes] = field(default_factory=list)
+    shallows: dict[bytes, None] = field(default_factory=dict)
     depth: int = 0
     deepen_since: int | None = None
     deepen_not: list[bytes] = field(default_factory=list)
     filter: FilterSpec | None = None
     flags: dict[str, object] = field(default_factory=dict)
 
+    def add_want(self, oid: bytes) -> None:
+        if oid not in self.wants:
+            if len(self.wants) + len(self.want_refs) >= MAX_WANTS:
+                raise _too_many("want", MAX_WANTS)
+            self.wants[oid] = None
+
+    def add_want_ref(self, ref: bytes) -> None:
+        if ref in self.want_refs:
+            raise ClientError(f"duplicate want-ref {ref.decode('utf-8', 'replace')}")
+        if len(self.wants) + len(self.want_refs) >= MAX_WANTS:
+            raise _too_many("want", MAX_WANTS)
+        self.want_refs[ref] = None
+
+    def add_have(self, oid: bytes) -> None:
+        # Repeats are kept (negotiation answers each distinct have once); the cap counts
+        # lines, which is what parsing them costs.
+        if len(self.haves) >= MAX_HAVES:
+            raise _too_many("have", MAX_HAVES)
+        self.haves.append(oid)
+
     def shallow_or_deepen(self, line: bytes) -> bool:
         """Consume a shallow/deepen line shared by both versions; False if it is not one."""
         if line.startswith(b"shallow "):
             oid = parse_oid(line[8:], self.hex_len)
             if oid not in self.shallows:
-                self.shallows.append(oid)
+                if len(self.shallows) >= MAX_SHALLOWS:
+                    raise _too_many("shallow", MAX_SHALLOWS)
+                self.shallows[oid] = None
         elif line.startswith(b"deepen "):
             self.depth = _parse_positive(line[7:], "deepen")
         elif line.startswith(b"deepen-since "):
@@ -114,6 +161,8 @@ class _Builder:
             ref = line[11:]
             if not ref or len(ref) > 4096:
                 raise ClientError("git upload-pack: deepen-not is not a ref")
+            if len(self.deepen_not) >= MAX_DEEPEN_NOT:
+                raise _too_many("deepen-not", MAX_DEEPEN_NOT)
             self.deepen_not.append(ref)
         else:
             return False
@@ -133,7 +182,7 @@ class _Builder:
     def build(self, **kw: object) -> FetchRequest:
         self.check_deepen()
         return FetchRequest(
-            wants=tuple(dict.fromkeys(self.wants)),
+            wants=tuple(self.wants),
             want_refs=tuple(self.want_refs),
             haves=tuple(self.haves),
             shallows=tuple(self.shallows),
@@ -234,7 +283,7 @@ def _read_v0_wants(
                 f"git upload-pack: protocol error, expected to get object ID, not '{shown}'"
             )
         oid, feats = _split_want(line, b.hex_len)
-        b.wants.append(oid)
+        b.add_want(oid)
         features.extend(feats)
     raise ClientError("protocol error: want list ended without a flush")
 
@@ -257,7 +306,7 @@ def _read_v0_haves(pkts: Sequence[Pkt], start: int, b: _Builder) -> HavesEnd:
         if not line.startswith(b"have "):
             shown = line[:100].decode("utf-8", "replace")
             raise ClientError(f"git upload-pack: expected SHA1 list, got '{shown}'")
-        b.haves.append(parse_oid(line[5:], b.hex_len))
+        b.add_have(parse_oid(line[5:], b.hex_len))
     raise ClientError("protocol error: have list ended without flush or done")
 
 
@@ -282,13 +331,15 @@ def parse_v0_request(
     advertised: frozenset[bytes],
     object_format: bytes = b"sha1",
     hex_len: int = 40,
+    max_pkts: int = MAX_REQUEST_PKTS,
 ) -> FetchRequest:
     """Parse a stateless v0/v1 upload-pack POST body.
 
     ``advertised`` holds the capability names we offered (``agent``, ``filter``...).
-    A body that is only a flush (git's probe POST) yields a request with no wants.
+    A body that is only a flush (git's probe POST) yields a request with no wants. More
+    than ``max_pkts`` pkt-lines before the request's end is a 413 :class:`ClientError`.
     """
-    pkts = _until_v0_end(iter_pkts(body) if isinstance(body, bytes) else iter(body))
+    pkts = _until_v0_end(iter_pkts(body, max_pkts) if isinstance(body, bytes) else iter(body))
     b = _Builder(hex_len)
     pos = _read_v0_wants(pkts, b, advertised, object_format)
     haves_end = _read_v0_haves(pkts, pos, b) if b.wants else HavesEnd.NONE
@@ -319,16 +370,13 @@ def _take_v2_line(line: bytes, b: _Builder, features: V2Features) -> None:
     if flag is not None:
         b.flags[flag] = True
     elif line.startswith(b"want "):
-        b.wants.append(parse_oid(line[5:], b.hex_len))
+        b.add_want(parse_oid(line[5:], b.hex_len))
     elif line.startswith(b"have "):
-        b.haves.append(parse_oid(line[5:], b.hex_len))
+        b.add_have(parse_oid(line[5:], b.hex_len))
     elif b.shallow_or_deepen(line):
         pass
     elif features.allow_ref_in_want and line.startswith(b"want-ref "):
-        ref = line[9:]
-        if ref in b.want_refs:
-            raise ClientError(f"duplicate want-ref {ref.decode('utf-8', 'replace')}")
-        b.want_refs.append(ref)
+        b.add_want_ref(line[9:])
     elif features.allow_filter and line.startswith(b"filter "):
         b.take_filter(line[7:])
     elif features.allow_sideband_all and line == b"sideband-all":

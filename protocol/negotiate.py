@@ -48,29 +48,46 @@ def _ack(oid: bytes, suffix: bytes = b"") -> bytes:
 
 
 def negotiate_v0(req: FetchRequest, oracle: HaveOracle) -> V0Answer:
-    """One stateless v0 round: the answer to the haves in ``req`` and what comes next."""
+    """One stateless v0 round: the answer to the haves in ``req`` and what comes next.
+
+    upload-pack.c answers every have line, repeats included; a repeat changes nothing it
+    knows, so here each distinct answer line goes out once (600k copies of one have would
+    otherwise cost 600k ACK lines and as many lookups). Flags and "last common have" still
+    follow every line, so what the round decides (ready, NAK, the pack) is C git's.
+    """
     if not req.wants or req.haves_end is HavesEnd.NONE:
         return V0Answer((), False)
     out: list[bytes] = []
+    sent: set[bytes] = set()
+    known: dict[bytes, bool] = {}  # have -> we have it (the oracle is asked once per id)
     got_common = got_other = sent_ready = False
     last: bytes | None = None
+
+    def say(line: bytes) -> None:
+        if line not in sent:
+            sent.add(line)
+            out.append(line)
+
     for have in req.haves:
-        if oracle.note_have(have):
+        common = known.get(have)
+        if common is None:
+            common = known[have] = oracle.note_have(have)
+        if common:
             got_common, last = True, have
             if req.multi_ack is MultiAck.DETAILED:
-                out.append(_ack(have, b" common"))
+                say(_ack(have, b" common"))
             elif req.multi_ack is MultiAck.MULTI_ACK:
-                out.append(_ack(have, b" continue"))
+                say(_ack(have, b" continue"))
             elif oracle.have_count() == 1:
-                out.append(_ack(have))
+                say(_ack(have))
             continue
         got_other = True
         if req.multi_ack and oracle.ok_to_give_up():
             if req.multi_ack is MultiAck.DETAILED:
                 sent_ready = True
-                out.append(_ack(have, b" ready"))
+                say(_ack(have, b" ready"))
             else:
-                out.append(_ack(have, b" continue"))
+                say(_ack(have, b" continue"))
     if req.haves_end is HavesEnd.DONE:
         if oracle.have_count() > 0:
             if req.multi_ack and last is not None:
@@ -100,8 +117,10 @@ def negotiate_v2(req: FetchRequest, oracle: HaveOracle) -> V2Answer | None:
     """The v2 decision; ``None`` means the response is empty (no wants, nothing to say)."""
     if not req.wants and not req.want_refs and not req.wait_for_done:
         return None
-    # One ACK per common have line, repeats included, as upload-pack.c answers.
-    common = [have for have in req.haves if oracle.note_have(have)]
+    # One ACK per distinct common have. upload-pack.c before 2.45 repeated the ACK for
+    # each repeated have line; since 2.45 (fae9627470) it ACKs its have_obj list, where
+    # each object is once. Repeats tell the client nothing new.
+    common = [have for have in dict.fromkeys(req.haves) if oracle.note_have(have)]
     if not req.haves or req.done:
         return V2Answer(None, True)
     lines = [b"acknowledgments\n"]

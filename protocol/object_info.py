@@ -10,7 +10,9 @@ from .oid import parse_oid
 
 __all__ = ["ObjectInfoRequest", "parse_object_info_args", "iter_object_info"]
 
-MAX_OBJECT_INFO_OIDS = 100_000
+# Ids per object-info request. git's own client (cat-file remote-object-info) sends at
+# most 10,000 per request (builtin/cat-file.c MAX_ALLOWED_OBJ_LIMIT); more is refused.
+MAX_OBJECT_INFO_OIDS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +29,8 @@ def parse_object_info_args(args: Sequence[bytes], hex_len: int = 40) -> ObjectIn
             size = True
         elif arg.startswith(b"oid "):
             if len(oids) >= MAX_OBJECT_INFO_OIDS:
-                raise ClientError("object-info: too many object ids")
+                raise ClientError(
+                    f"object-info: too many object ids (at most {MAX_OBJECT_INFO_OIDS:,} per request)")
             oids.append(parse_oid(arg[4:], hex_len))
         else:
             shown = arg[:100].decode("utf-8", "replace")

@@ -30,6 +30,7 @@ __all__ = [
     "iter_pkts",
     "PktBuffer",
     "DEFAULT_CHUNK_SIZE",
+    "MAX_REQUEST_PKTS",
 ]
 
 # gitprotocol-common: "the maximum length of a pkt-line's data component is 65516 bytes",
@@ -42,6 +43,10 @@ DELIM_PKT = b"0001"
 RESPONSE_END_PKT = b"0002"
 
 DEFAULT_CHUNK_SIZE = 32 * 1024
+
+# pkt-lines a request may hold, counted as they are decoded: a 100k-ref mirror clone sends
+# about 100k; more is refused with 413 before the work of acting on them.
+MAX_REQUEST_PKTS = 1_000_000
 
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
@@ -127,16 +132,25 @@ def decode_pkt(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[Pkt, 
     return Pkt(PktKind.DATA, bytes(buf[pos + 4 : pos + length])), length
 
 
-def iter_pkts(buf: bytes) -> Iterator[Pkt]:
-    """Decode every packet in a complete body; a truncated tail is a :class:`ClientError`."""
+def iter_pkts(buf: bytes, max_pkts: int | None = None) -> Iterator[Pkt]:
+    """Decode every packet in a complete body; a truncated tail is a :class:`ClientError`.
+
+    With ``max_pkts``, decoding more packets than that is a :class:`ClientError` with HTTP
+    status 413 (only the packets a parser asks for are counted: it stops reading at the
+    end of the request).
+    """
     pos = 0
     end = len(buf)
+    count = 0
     while pos < end:
         res = decode_pkt(buf, pos)
         if isinstance(res, _NeedMore):
             raise ClientError("protocol error: truncated pkt-line")
         pkt, used = res
         pos += used
+        count += 1
+        if max_pkts is not None and count > max_pkts:
+            raise ClientError(f"request has more than {max_pkts} pkt-lines", http_status=413)
         yield pkt
 
 

@@ -4,13 +4,17 @@
 Band 1 carries pack data, band 2 progress text, band 3 a fatal error. With ``side-band`` a
 packet is at most 1000 bytes, with ``side-band-64k`` at most 65520, so one packet carries at
 most 995 or 65515 data bytes after the length and the band byte.
+
+A fatal error goes on band 3 once the pack has started in side-band; before that, or
+without side-band, it is an ``ERR <message>`` pkt-line (gitprotocol-pack, ``ERR``).
+Under v2 ``sideband-all`` every pkt-line of the response travels on band 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .pktline import MAX_PKT_LEN
+from .pktline import MAX_PKT_LEN, encode_pkt
 
 __all__ = [
     "BAND_DATA",
@@ -22,6 +26,10 @@ __all__ = [
     "encode_band",
     "iter_band_packets",
     "encode_keepalive",
+    "band_payload",
+    "encode_err_pkt",
+    "encode_band_error",
+    "MAX_ERROR_TEXT",
 ]
 
 BAND_DATA = 1
@@ -30,6 +38,7 @@ BAND_ERROR = 3
 
 SIDEBAND_MAX_DATA = 1000 - 5
 SIDEBAND_64K_MAX_DATA = MAX_PKT_LEN - 5
+MAX_ERROR_TEXT = 60000  # bytes of an error message kept (an ERR line must fit one pkt-line)
 
 
 def max_band_payload(large: bool) -> int:
@@ -51,6 +60,26 @@ def iter_band_packets(band: int, data: bytes | memoryview, max_data: int) -> Ite
 def encode_band(band: int, data: bytes | memoryview, max_data: int) -> bytes:
     """All of ``data`` on ``band`` as one byte string of framed packets."""
     return b"".join(iter_band_packets(band, data, max_data))
+
+
+def band_payload(band: int, data: bytes) -> bytes:
+    """One pkt-line's payload on ``band`` (the band byte, then ``data``): how ``sideband-all``
+    sends the section lines of a v2 response on band 1."""
+    return bytes((band,)) + data
+
+
+def _error_text(message: str) -> bytes:
+    return message.encode("utf-8", "replace")[:MAX_ERROR_TEXT] + b"\n"
+
+
+def encode_err_pkt(message: str) -> bytes:
+    """``ERR <message>\\n`` as one pkt-line: a fatal error outside the pack's side-band."""
+    return encode_pkt(b"ERR " + _error_text(message))
+
+
+def encode_band_error(message: str, max_data: int) -> bytes:
+    """``<message>\\n`` on band 3: a fatal error once the pack is under way in side-band."""
+    return encode_band(BAND_ERROR, _error_text(message), max_data)
 
 
 def encode_keepalive() -> bytes:

@@ -13,7 +13,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from gitutil import Git, LiveServer, start_server  # noqa: E402
-from repos_fixture import build_fixture_root  # noqa: E402
+from repos_fixture import build_fixture_root, build_long_root  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,5 +38,20 @@ def fixture_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
 def server(fixture_root: Path) -> Iterator[LiveServer]:
     """A gitspout process serving ``fixture_root`` on 127.0.0.1."""
     srv = start_server(fixture_root)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def long_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
+    """A root with a 1,500-commit history, with and without bitmaps (repos_fixture.py)."""
+    root = tmp_path_factory.mktemp("long")
+    build_long_root(git, root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def long_server(long_root: Path) -> Iterator[LiveServer]:
+    srv = start_server(long_root)
     yield srv
     srv.stop()

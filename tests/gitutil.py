@@ -157,30 +157,48 @@ def fsck(git: Git, path: Path) -> None:
 
 
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 timeout: float = 20.0) -> LiveServer:
-    """Start ``gitspout serve`` on a free port and wait until it says where it listens."""
+                 timeout: float = 20.0, output: list[str] | None = None,
+                 nofile: int | None = None) -> LiveServer:
+    """Start ``gitspout serve`` on a free port and wait until it says where it listens.
+
+    Every line the server prints (stdout and stderr, in order) goes to ``LiveServer.lines``
+    and the test's stderr, and to ``output`` too when given. ``nofile`` sets the server's RLIMIT_NOFILE soft
+    limit, as ``ulimit -n`` would.
+    """
     cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     full_env.update(env or {})
+
+    def limit_fds() -> None:
+        import resource
+
+        assert nofile is not None
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
+
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT,
+                            preexec_fn=limit_fds if nofile is not None else None)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
     while time.monotonic() < deadline:
         line = proc.stdout.readline().decode(errors="replace")
         if not line:
             break
+        if output is not None:
+            output.append(line.rstrip("\n"))
         m = re.search(r"serving .* at http://127\.0\.0\.1:(\d+)/", line)
         if m:
             server = LiveServer(root, proc, int(m.group(1)))
-            _drain_in_background(proc, server.lines)
+            _drain_in_background(proc, server.lines, output)
             return server
     proc.kill()
     raise RuntimeError("gitspout did not start")
 
 
-def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str]) -> None:
+def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str],
+                         output: list[str] | None = None) -> None:
     import threading
 
     def drain() -> None:
@@ -188,6 +206,8 @@ def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str]) -> None
         for line in proc.stdout:
             text = line.decode(errors="replace")
             sink.append(text.rstrip("\n"))
+            if output is not None:
+                output.append(text.rstrip("\n"))
             sys.stderr.write("[gitspout] " + text)
 
     threading.Thread(target=drain, daemon=True).start()

@@ -12,6 +12,8 @@ Layout of the served root::
     sha256.git      an object-format=sha256 repository
     manyrefs.git    100,000 packed refs
     team/app/.git   a non-bare repository, served as /team/app and /team/app.git
+
+:func:`build_long_root` makes a second root (its own server) with a longer history.
 """
 
 from __future__ import annotations
@@ -177,3 +179,81 @@ def build_fixture_root(git: Git, root: Path, build: Path) -> None:
     # gitspout allows filters by default; C git (the file:// ground truth) needs this.
     for name in ("basic.git", "plain.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
         git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)
+
+
+LONG_COMMITS = 1500
+SHRINK_COMMITS = 60
+
+
+def _long_stream(start: int = 1_690_000_000) -> bytes:
+    """A fast-import stream: LONG_COMMITS commits on main, each changing one of 200 small
+    files in 20 directories, and in the last SHRINK_COMMITS commits a big file that loses
+    lines each time. git deltifies smaller objects against larger ones, so each version of
+    that file is stored as a delta against its (older) parent version, in one chain: a
+    shallow fetch must send the oldest version it includes without its stored base, and
+    the newer ones as the deltas they are."""
+    out: list[bytes] = []
+
+    def data(content: bytes) -> None:
+        out.append(b"data %d\n" % len(content) + content + b"\n")
+
+    big = [f"line {k:05d} {'abcdefghij'[k % 10] * (k % 23 + 10)}\n".encode() for k in range(4000)]
+    for i in range(LONG_COMMITS):
+        when = start + 60 * i
+        out.append(b"commit refs/heads/main\n")
+        out.append(b"committer Test Committer <committer@example.com> %d +0000\n" % when)
+        data(b"commit %d" % i)
+        if i == 0:
+            for f in range(200):
+                out.append(b"M 100644 inline d%02d/f%03d.txt\n" % (f // 10, f))
+                data(b"file %d at commit 0\n" % f)
+        f = i % 200
+        out.append(b"M 100644 inline d%02d/f%03d.txt\n" % (f // 10, f))
+        data(b"file %d at commit %d\n" % (f, i) * (1 + i % 7))
+        left = LONG_COMMITS - i
+        if left <= SHRINK_COMMITS:
+            # Shorter each time, and one more line edited: the best stored base of each
+            # version is its parent version, so they form one delta chain.
+            del big[len(big) - 40 :]
+            big[(left * 61) % len(big)] = b"edited in commit %d\n" % i
+            out.append(b"M 100644 inline shrink.txt\n")
+            data(b"".join(big))
+    return b"".join(out)
+
+
+def build_long_root(git: Git, root: Path) -> None:
+    """long.git (one pack with a bitmap and a commit-graph, uploadpack.allowRefInWant) and
+    long-plain.git (the same without either) and long-refdelta.git (deltas stored as
+    REF_DELTA), all with refs/hidden/secret (hidden: 10 commits off main~100)."""
+    repo = root / "long.git"
+    git.run("init", "-q", "--bare", "-b", "main", str(repo))
+    git.run("fast-import", "--quiet", cwd=repo, input=_long_stream())
+    base = git.out("rev-parse", "main~100", cwd=repo).strip()
+    tree = git.out("rev-parse", "main~100^{tree}", cwd=repo).strip()
+    parent = base
+    for k in range(10):
+        blob = git.out("hash-object", "-w", "--stdin", cwd=repo,
+                       input=f"{SECRET_TEXT}{k}\n".encode()).strip()
+        listing = git.out("ls-tree", tree, cwd=repo) + f"100644 blob {blob}\tsecret{k}.txt\n"
+        tree = git.out("mktree", cwd=repo, input=listing.encode()).strip()
+        date = f"{1_695_000_000 + k} +0000"
+        parent = git.out("commit-tree", tree, "-p", parent, "-m", f"secret {k}", cwd=repo,
+                         env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}).strip()
+    git.run("update-ref", "refs/hidden/secret", parent, cwd=repo)
+    git.run("tag", "-a", "long-tag", "-m", "a tag", "main~700", cwd=repo,
+            env={"GIT_COMMITTER_DATE": "1695100000 +0000"})
+    git.run("repack", "-adfqb", cwd=repo)  # -f: git's own delta choices, not fast-import's
+    git.run("commit-graph", "write", "--reachable", cwd=repo)
+    plain = root / "long-plain.git"
+    git.run("clone", "-q", "--mirror", "--no-local", str(repo), str(plain))
+    git.run("-c", "repack.writeBitmaps=false", "repack", "-adq", cwd=plain)
+    # The same again with every delta stored as REF_DELTA (packs of older or other tools).
+    refdelta = root / "long-refdelta.git"
+    git.run("clone", "-q", "--mirror", "--no-local", str(repo), str(refdelta))
+    git.run("-c", "repack.writeBitmaps=false", "-c", "repack.useDeltaBaseOffset=false",
+            "repack", "-adfq", cwd=refdelta)
+    for dest in (repo, plain, refdelta):
+        git.run("config", "uploadpack.hideRefs", "refs/hidden", cwd=dest)
+    # Only here: C git 2.39's own v2 shallow clone fails when the server allows
+    # ref-in-want (it sends wanted-refs before shallow-info, which its client refuses).
+    git.run("config", "uploadpack.allowRefInWant", "true", cwd=repo)

@@ -5,6 +5,7 @@ key ``name`` in an optional TOML file. Precedence: flag, then env, then file, th
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -53,6 +54,31 @@ class Config:
     )
     metrics_repos: str = field(
         default="", metadata={"help": "comma-separated repositories that get a repo label"}
+    )
+    # Connection limits (server/connections.py). Only the phases in which the server waits
+    # for the client to *send* are timed; a client slowly receiving a pack is governed by
+    # backpressure, never by these. 0 turns a timeout (or the cap) off.
+    header_timeout: float = field(
+        default=20.0,
+        metadata={"help": "seconds from a connection's opening, or from the first byte of a "
+                          "later request, until the request head is complete"},
+    )
+    body_timeout: float = field(
+        default=30.0,
+        metadata={"help": "seconds a request body may go without a byte while it is read"},
+    )
+    body_min_rate: int = field(
+        default=1024,
+        metadata={"help": "bytes/s a request body must average once body-timeout has passed"},
+    )
+    idle_timeout: float = field(
+        default=75.0,
+        metadata={"help": "seconds a kept-alive connection may wait for its next request"},
+    )
+    max_connections: int = field(
+        default=512,
+        metadata={"help": "open connections at most; beyond it the longest-waiting idle one "
+                          "is closed, or the new one refused if none is idle"},
     )
 
     def root_path(self) -> Path:
@@ -140,6 +166,14 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"port {cfg.port} is out of range")
     if cfg.threads < 1:
         raise ConfigError("threads must be at least 1")
+    for name in ("header_timeout", "body_timeout", "idle_timeout"):
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
+    if cfg.body_min_rate < 0:
+        raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.max_connections < 0:
+        raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"unknown log level {cfg.log_level!r}")
     if not Path(cfg.root).is_dir():

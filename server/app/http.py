@@ -9,37 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
-from gitspout.protocol.advertise import format_service_header
+from gitspout.protocol.advertise import format_service_header, v0_request_capabilities
 from gitspout.protocol.command import parse_command_request
-from gitspout.protocol.errors import ClientError
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
-from gitspout.protocol.fetch_response import (
-    PACKFILE_HEADER,
-    iter_shallow_info,
-    iter_shallow_lines,
-    iter_wanted_refs,
-)
+from gitspout.protocol.fetch_response import Mark, iter_v0_fetch_response, iter_v2_fetch_response
 from gitspout.protocol.ls_refs import parse_ls_refs_args
 from gitspout.protocol.object_info import parse_object_info_args
 from gitspout.protocol.pktline import PktBuffer
 
-from ..core.upload import V0_REQUEST_CAPS, FetchPlan, RequestContext, plan_fetch
+from ..core.upload import FetchPlan, RequestContext, plan_fetch
 from ..packgen.packplan import iter_pack
-from ..store.confine import LinkGuard, OutsideRoot
+from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
-from ..store.odb import ObjectStoreError, PackRegistry
+from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
+from .connections import GuardedHandler
+from .errors import INTERNAL_ERROR, answer_for
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
     UPLOAD_PACK,
+    BodyLimits,
+    BodyTimeout,
     HttpError,
     protocol_version,
     read_body,
@@ -49,17 +48,19 @@ from .httpreq import (
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .pool import WorkPool
-from .stream import PktWriter, pump_pack
+from .stream import PktSection, PktWriter, pump_pack
 
-__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "STATE_KEY"]
+__all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
+           "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
 T = TypeVar("T")
 
-MAX_PKTS = 1_000_000  # pkt-lines per request body; a 100k-ref mirror clone sends ~100k
 READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not available\n"
 # aiohttp must hand us request bodies as sent, so that gzip is inflated under our caps.
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
+# What each connection's handler is built with (server/connections.py builds them).
+HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 
 
 @dataclass
@@ -72,6 +73,13 @@ class ServerState:
     pool: WorkPool
     dirs: DirCache
     metrics: Metrics
+    body_limits: BodyLimits
+    # Inflating gzip bodies is CPU-bound C code that lets the GIL go: run unbounded, four
+    # 64 MiB bombs take every core and the event loop waits for a CPU (p99 of a tiny
+    # ls-refs 87 ms on 2 cores). At most half the cores inflate at once; others wait,
+    # without holding a pool thread.
+    inflating: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -85,7 +93,13 @@ class ServerState:
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
+            BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
+
+    async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`run` under the ``inflating`` semaphore (request body decoding)."""
+        async with self.inflating:
+            return await self.run(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work, in the pool."""
@@ -158,60 +172,82 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
-    body = await read_body(request, state.cfg.max_body, state.cfg.max_inflated_body)
-    if len(body) > MAX_PKTS * 4 and body.count(b"0005") > MAX_PKTS:
-        raise HttpError(413, f"request has more than {MAX_PKTS} pkt-lines")
+    # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).
+    body = await read_body(request, state.body_limits, state.run_bounded)
     if protocol_version(request) == 2:
         return await _serve_v2(state, request, ctx, body, rec)
     rec.command = "fetch"
     return await _serve_v0(state, request, ctx, body, rec)
 
 
-async def _refuse_in_protocol(request: web.Request, exc: ClientError,
+async def _refuse_in_protocol(request: web.Request, text: str,
                               rec: RequestRecord) -> web.StreamResponse:
     """A refusal the protocol has a place for: 200 with an ERR pkt-line (as C git does)."""
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, record=rec)
-    await writer.error(exc.message, in_band=False)
+    await writer.error(text, in_band=False)
     await resp.write_eof()
     return resp
 
 
 async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContext, body: bytes,
                     rec: RequestRecord) -> web.StreamResponse:
-    fmt = await state.run(lambda: ctx.object_format)
-    caps = V0_REQUEST_CAPS | await state.run(_v0_extra_caps, ctx)
+    fmt, caps = await state.run(
+        lambda: (ctx.object_format, v0_request_capabilities(ctx.config.allow_filter)))
     req = await state.run(parse_v0_request, body, caps, fmt.encode(), ctx.hash_len * 2)
     _note_request(rec, req)
-    try:
-        plan = await state.run(plan_fetch, ctx, req) if req.wants else None
-    except ClientError as exc:
-        if exc.http_status != 200:
-            raise
-        return await _refuse_in_protocol(request, exc, rec)
+    if req.wants:
+        plan, framed = await state.run(_plan_v0, ctx, req)
+    else:
+        plan, framed = None, _Framed.of(iter_v0_fetch_response(None))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, req.sideband, record=rec)
     rec.negotiation_round = plan is not None and not plan.send_pack
-    if plan is not None:
-        if plan.shallow.sent:
-            await writer.pkts(iter_shallow_lines(
-                (s.hex().encode() for s in plan.shallow.shallow),
-                (s.hex().encode() for s in plan.shallow.unshallow)))
-            await writer.flush_pkt()
-        assert plan.v0 is not None
-        await writer.pkts(plan.v0.lines)
-        await writer.drain()
-        if plan.send_pack:
-            await _send_pack(state, ctx, writer, plan)
-            if req.sideband is not Sideband.NONE:
-                await writer.flush_pkt()
-    await writer.drain()
+    await _write_fetch(state, ctx, writer, plan, framed)
     await resp.write_eof()
     return resp
 
 
-def _v0_extra_caps(ctx: RequestContext) -> frozenset[bytes]:
-    return frozenset({b"filter"}) if ctx.config.allow_filter else frozenset()
+@dataclass
+class _Framed:
+    """A fetch response as protocol/fetch_response.py lays it out, framed up to the pack in
+    the pool (many haves make megabytes of ACK lines): the chunks before the pack, whether
+    the pack comes, and the items after it."""
+
+    before: list[bytes]
+    pack: bool
+    after: Iterator[bytes | Mark]
+
+    @classmethod
+    def of(cls, items: Iterator[bytes | Mark], sideband_all: bool = False) -> _Framed:
+        section = PktSection(sideband_all=sideband_all)
+        pack = section.frame(items)
+        return cls(section.take(), pack, items)
+
+
+def _shallow_args(plan: FetchPlan) -> dict[str, Any]:
+    return {"shallow": [s.hex().encode() for s in plan.shallow.shallow],
+            "unshallow": [s.hex().encode() for s in plan.shallow.unshallow],
+            "deepen": plan.shallow.sent}
+
+
+def _plan_v0(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, _Framed]:
+    """In the pool: the plan, and what precedes the pack (shallow lines, ACK/NAK lines)."""
+    plan = plan_fetch(ctx, req)
+    items = iter_v0_fetch_response(plan.v0, **_shallow_args(plan),
+                                   sideband=req.sideband is not Sideband.NONE)
+    return plan, _Framed.of(items)
+
+
+async def _write_fetch(state: ServerState, ctx: RequestContext, writer: PktWriter,
+                       plan: FetchPlan | None, framed: _Framed) -> None:
+    """Write a framed fetch response; the pack goes where protocol/ put it."""
+    await writer.chunks(framed.before)
+    if framed.pack:
+        assert plan is not None
+        await _send_pack(state, ctx, writer, plan)
+        await writer.items(framed.after)
+    await writer.drain()
 
 
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
@@ -221,15 +257,9 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
                         state.cfg.keepalive, plan.req.no_progress)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
-    except OutsideRoot as exc:  # met only now, in a directory listed while packing
-        log.warning("refusing /%s: %s", ctx.repo.url_path, exc)
-        await writer.error("upload-pack: repository not available", in_band=True)
-    except (ObjectStoreError, OSError) as exc:
-        log.error("pack failed for %s: %s", ctx.repo.url_path, exc)
-        await writer.error(f"upload-pack: {exc}", in_band=True)
-    except Exception:  # a bug: the client still gets a clear in-band error, never a cut
-        log.exception("pack failed for %s", ctx.repo.url_path)
-        await writer.error("upload-pack: internal error while producing the pack", in_band=True)
+    except Exception as exc:  # in-band, whatever it is: the client never sees a cut
+        answer = answer_for(exc, ctx.repo.url_path, started=True)
+        await writer.error(answer.text if answer is not None else INTERNAL_ERROR, in_band=True)
     ctx.timed("send", start)
 
 
@@ -258,10 +288,11 @@ def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         buf = PktBuffer()
-        for payload in ctx.object_info(oi):
-            buf.add(payload)
-        buf.add_flush()
-        answer.chunks = [buf.take()]
+        # PktBuffer hands back a chunk every 32 KiB: keep each (an answer for a few
+        # thousand ids used to lose all but its tail).
+        chunks = [c for c in map(buf.add, ctx.object_info(oi)) if c]
+        chunks += [c for c in (buf.add_flush(), buf.take()) if c]
+        answer.chunks = chunks
     else:
         answer.fetch = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
     return answer
@@ -293,39 +324,23 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
-    try:
-        plan = await state.run(plan_fetch, ctx, req)
-    except ClientError as exc:
-        if exc.http_status != 200:
-            raise
-        return await _refuse_in_protocol(request, exc, rec)
+    plan, framed = await state.run(_plan_v2, ctx, req)
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
     writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
-    answer = plan.v2
-    rec.negotiation_round = answer is not None and not answer.send_pack
-    if answer is not None:
-        if answer.ack_lines is not None:
-            await writer.pkts(answer.ack_lines)
-            if answer.send_pack:
-                await writer.delim_pkt()
-            else:
-                await writer.flush_pkt()
-        if answer.send_pack:
-            if plan.shallow.sent or plan.shallow.cut:
-                await writer.pkts(iter_shallow_info(
-                    (s.hex().encode() for s in plan.shallow.shallow),
-                    (s.hex().encode() for s in plan.shallow.unshallow)))
-                await writer.delim_pkt()
-            if plan.wanted_refs:
-                await writer.pkts(iter_wanted_refs(plan.wanted_refs))
-                await writer.delim_pkt()
-            await writer.pkt(PACKFILE_HEADER)
-            await writer.drain()
-            await _send_pack(state, ctx, writer, plan)
-            await writer.flush_pkt()
-    await writer.drain()
+    rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
+    await _write_fetch(state, ctx, writer, plan, framed)
     await resp.write_eof()
     return resp
+
+
+def _plan_v2(ctx: RequestContext, req: FetchRequest) -> tuple[FetchPlan, _Framed]:
+    """In the pool: the plan, and every section before the pack data (acknowledgments,
+    shallow-info, wanted-refs, the packfile line), as for v0."""
+    plan = plan_fetch(ctx, req)
+    items = iter_v2_fetch_response(plan.v2, **_shallow_args(plan),
+                                   client_shallow=bool(plan.shallow.cut),
+                                   wanted_refs=plan.wanted_refs)
+    return plan, _Framed.of(items, sideband_all=req.sideband_all)
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -402,18 +417,27 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # aiohttp treats a premature disconnection (no 500, no traceback).
         log.debug("client went away: %s %s", request.method, request.path)
         raise asyncio.CancelledError() from None
-    except RepoNotFound:
-        state.resolver.forget(repo_path)
-        return text_response(404, f"repository not found: /{repo_path}")
-    except OutsideRoot as exc:
-        # A symlink in the repository leads outside the root: the same answer as for a
-        # repository that is not there, and the operator learns which link it was.
-        log.warning("refusing /%s: %s", repo_path, exc)
-        return text_response(404, f"repository not found: /{repo_path}")
-    except HttpError as exc:
-        return text_response(exc.status, exc.text)
-    except ClientError as exc:
-        return text_response(exc.http_status if exc.http_status >= 400 else 400, exc.message)
+    except Exception as exc:  # before the 200: the one mapping (errors.py) decides
+        answer = answer_for(exc, repo_path)
+        if answer is None:
+            raise  # a bug: aiohttp answers 500 and logs the traceback
+        if isinstance(exc, RepoNotFound):
+            state.resolver.forget(repo_path)
+        if answer.status == 200:
+            return await _refuse_in_protocol(request, answer.text, rec)
+        resp = text_response(answer.status, answer.text)
+        if isinstance(exc, BodyTimeout):
+            _close_at_once(state, request, resp)
+        return resp
+
+
+def _close_at_once(state: ServerState, request: web.Request, resp: web.Response) -> None:
+    """The body is unfinished and too slow to wait for: answer, then close at once instead
+    of letting aiohttp read ("linger" over) the rest of it."""
+    state.metrics.connections.timeouts["body"] += 1
+    resp.force_close()
+    if isinstance(request.protocol, GuardedHandler):
+        request.protocol.skip_lingering()
 
 
 async def _shutdown(state: ServerState) -> None:

@@ -3,12 +3,16 @@ under caps, ARCHITECTURE.md P4) and plain-text error answers."""
 
 from __future__ import annotations
 
+import asyncio
 import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
-__all__ = ["HttpError", "text_response", "protocol_version", "split_path", "read_body",
-           "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
+__all__ = ["HttpError", "BodyTimeout", "BodyLimits", "text_response", "protocol_version",
+           "split_path", "read_body", "decode_body", "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
 
 UPLOAD_PACK = "git-upload-pack"
 RECEIVE_PACK = "git-receive-pack"
@@ -51,33 +55,110 @@ def split_path(path: str) -> tuple[str, str]:
     return rel, ""
 
 
-async def read_body(request: web.Request, max_body: int, max_inflated: int) -> bytes:
-    """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4)."""
+@dataclass(frozen=True)
+class BodyLimits:
+    """Caps and deadlines for reading one request body (0 turns a deadline off).
+
+    ``timeout`` is the longest wait for the next bytes. ``min_rate`` stops a body that keeps
+    trickling (a byte now and then never trips ``timeout``): reading must be done by
+    ``start + timeout + received / min_rate``, so a body that arrives at ``min_rate`` or
+    faster is never cut, however large, and one at a byte a second ends after ``timeout``.
+    """
+
+    max_body: int
+    max_inflated: int
+    timeout: float = 30.0
+    min_rate: int = 1024
+
+
+class BodyTimeout(HttpError):
+    """The client was too slow to send its body: answered 408, then the connection ends."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(408, text)
+
+
+# Bodies at most this big (not gzip) are joined on the event loop; bigger ones, and every
+# gzip body, are decoded in the thread pool (inflating 64 MiB takes a third of a second).
+INLINE_BODY = 1 << 20
+INFLATE_PIECE = 1 << 20  # output per zlib call: bounds memory overshoot past the cap
+
+
+async def read_body(request: web.Request, limits: BodyLimits,
+                    run: Callable[..., Awaitable[Any]]) -> bytes:
+    """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4) and the body
+    deadlines. ``run(fn, *args)`` runs blocking work off the event loop (the server's pool):
+    inflating or joining a large body there keeps other requests answered meanwhile. (Its
+    pkt-lines are counted, and capped, by the protocol parsers as they decode them.)"""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip"):
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in ("gzip", "x-gzip") else None
+    gzip = encoding in ("gzip", "x-gzip")
+    parts = await _read_parts(request.content, limits)
+    if not gzip and sum(map(len, parts)) <= INLINE_BODY:
+        return b"".join(parts)
+    body: bytes = await run(decode_body, parts, gzip, limits)
+    return body
+
+
+async def _read_parts(content: StreamReader, limits: BodyLimits) -> list[bytes]:
+    """The body as sent, in the pieces it arrived in; :class:`BodyTimeout` if it stalls or
+    trickles (see :class:`BodyLimits`)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     parts: list[bytes] = []
-    raw = size = 0
-    async for chunk in request.content.iter_chunked(1 << 16):
+    raw = 0
+    while True:
+        wait: float | None = None
+        stalled = True  # which deadline binds: no bytes for ``timeout``, or the rate
+        if limits.timeout:
+            wait = limits.timeout
+            if limits.min_rate:
+                by_rate = start + limits.timeout + raw / limits.min_rate - loop.time()
+                if by_rate < wait:
+                    wait, stalled = by_rate, raw == 0  # nothing yet: it is a stall
+            if wait <= 0:
+                raise BodyTimeout(f"request body too slow: under {limits.min_rate} bytes/s")
+        try:
+            async with asyncio.timeout(wait):
+                chunk = await content.readany()
+        except TimeoutError:
+            if stalled:
+                raise BodyTimeout(
+                    f"request body stalled: no data for {limits.timeout:g} s") from None
+            raise BodyTimeout(f"request body too slow: under {limits.min_rate} bytes/s") from None
+        if not chunk:
+            return parts
         raw += len(chunk)
-        if raw > max_body:
-            raise HttpError(413, f"request body larger than {max_body} bytes")
-        if inflate is None:
-            parts.append(chunk)
-            size += len(chunk)
-            continue
-        data = chunk
-        while data:
+        if raw > limits.max_body:
+            raise HttpError(413, f"request body larger than {limits.max_body} bytes")
+        parts.append(chunk)
+
+
+def decode_body(parts: list[bytes], gzip: bool, limits: BodyLimits) -> bytes:
+    """Blocking (run it in the pool): join or inflate the body under ``max_inflated``."""
+    return _inflate(parts, limits.max_inflated) if gzip else b"".join(parts)
+
+
+def _inflate(parts: list[bytes], max_inflated: int) -> bytes:
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out: list[bytes] = []
+    size = 0
+    for data in parts:
+        while True:
+            limit = min(INFLATE_PIECE, max_inflated - size + 1)
             try:
-                out = inflate.decompress(data, max_inflated - size + 1)
+                piece = inflate.decompress(data, limit)
             except zlib.error as exc:
                 raise HttpError(400, f"bad gzip request body: {exc}") from None
-            size += len(out)
+            size += len(piece)
             if size > max_inflated:
                 raise HttpError(413, f"request body inflates past {max_inflated} bytes")
-            parts.append(out)
+            out.append(piece)
             data = inflate.unconsumed_tail
-    if inflate is not None and raw and not inflate.eof:
+            # A full piece may leave output pending inside zlib: ask again, input or not.
+            if not data and len(piece) < limit:
+                break
+    if parts and not inflate.eof:
         raise HttpError(400, "truncated gzip request body")
-    return b"".join(parts)
+    return b"".join(out)

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..store.lru import all_cache_stats
 from .pool import WorkPool
 
-__all__ = ["Metrics", "RequestRecord", "CONTENT_TYPE"]
+__all__ = ["Metrics", "RequestRecord", "ConnectionStats", "CONTENT_TYPE", "TIMEOUT_KINDS"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 access_log = logging.getLogger("gitspout.access")
@@ -108,6 +108,52 @@ class _PoolCollector:
             yield fam
 
 
+TIMEOUT_KINDS = ("header", "body", "idle")
+
+
+@dataclass
+class ConnectionStats:
+    """Connection counts, kept as plain integers by server/connections.py (and by the body
+    reader for body timeouts) and turned into metrics at scrape time: the accept path stays
+    free of metric-library locks."""
+
+    open: int = 0
+    rejected: int = 0
+    evicted: int = 0
+    timeouts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIMEOUT_KINDS, 0))
+
+
+class _ConnectionCollector:
+    """``gitspout_connections_*``: open connections, refusals and evictions at the cap, and
+    connections closed because the client was too slow to send, by phase."""
+
+    def __init__(self, stats: ConnectionStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        st = self.stats
+        gauge = GaugeMetricFamily("gitspout_connections_open", "Open client connections.")
+        gauge.add_metric([], st.open)
+        yield gauge
+        for name, doc, value in (
+            ("gitspout_connections_rejected",
+             "Connections refused (503) because the cap was reached and none was idle.",
+             st.rejected),
+            ("gitspout_connections_evicted",
+             "Idle connections closed to make room for a new one at the cap.", st.evicted),
+        ):
+            fam = CounterMetricFamily(name, doc)
+            fam.add_metric([], value)
+            yield fam
+        timeouts = CounterMetricFamily(
+            "gitspout_connection_timeouts",
+            "Connections closed because the client did not send in time, by phase "
+            "(header, body, idle keep-alive).", labels=["kind"])
+        for kind, value in st.timeouts.items():
+            timeouts.add_metric([kind], value)
+        yield timeouts
+
+
 class _CacheCollector:
     """Lookups and evictions of every cache, by cache name (store/lru.py counts them over
     all instances of a name: each repository's, each request's), read at scrape time."""
@@ -136,6 +182,8 @@ class Metrics:
         GCCollector(registry=r)
         r.register(_ProcIoCollector())
         r.register(_PoolCollector(pool))
+        self.connections = ConnectionStats()
+        r.register(_ConnectionCollector(self.connections))
         self.repos = frozenset(repos_allowlist)
         labels = ["service", "protocol", "command"]
         self.requests = Counter("gitspout_requests", "HTTP requests served.",

@@ -14,21 +14,82 @@ from typing import Any
 
 from aiohttp import web
 from gitspout.protocol.fetch_request import Sideband
-from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
+from gitspout.protocol.fetch_response import Mark
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer
 from gitspout.protocol.sideband import (
     BAND_DATA,
-    BAND_ERROR,
     BAND_PROGRESS,
+    band_payload,
     encode_band,
+    encode_band_error,
+    encode_err_pkt,
     encode_keepalive,
     max_band_payload,
 )
 
 from ..core.stats import Progress
 
-__all__ = ["PktWriter", "pump_pack"]
+__all__ = ["PktWriter", "PktSection", "pump_pack"]
 
 _END = object()
+# PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
+# data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
+YIELD_EVERY = 1 << 20
+
+
+class PktSection:
+    """Pkt-lines framed ahead of time, off the event loop, into the chunks that
+    :class:`PktWriter` would have written for the same calls (``pkt``, ``flush_pkt``,
+    ``delim_pkt``, then a drain). Write them with :meth:`PktWriter.chunks`.
+
+    Framing hundreds of thousands of ACK lines is seconds of Python: done in the pool, it
+    leaves the loop free to answer other requests meanwhile.
+    """
+
+    def __init__(self, sideband_all: bool = False, chunk_size: int = 32 * 1024) -> None:
+        self.sideband_all = sideband_all
+        self.buf = PktBuffer(chunk_size)
+        self.out: list[bytes] = []
+
+    def _keep(self, chunk: bytes | None) -> None:
+        if chunk:
+            self.out.append(chunk)
+
+    def pkt(self, payload: bytes) -> None:
+        """One data pkt-line (band 1 under sideband-all), as :meth:`PktWriter.pkt`."""
+        if self.sideband_all:
+            payload = band_payload(BAND_DATA, payload)
+        self._keep(self.buf.add(payload))
+
+    def pkts(self, payloads: Iterable[bytes]) -> None:
+        for payload in payloads:
+            self.pkt(payload)
+
+    def flush_pkt(self) -> None:
+        self._keep(self.buf.add_raw(FLUSH_PKT))
+
+    def delim_pkt(self) -> None:
+        self._keep(self.buf.add_raw(DELIM_PKT))
+
+    def frame(self, items: Iterator[bytes | Mark]) -> bool:
+        """Frame a response laid out by protocol/fetch_response.py up to :data:`Mark.PACK`;
+        True when the pack comes there (the rest of ``items`` follows it)."""
+        for item in items:
+            if isinstance(item, bytes):
+                self.pkt(item)
+            elif item is Mark.FLUSH:
+                self.flush_pkt()
+            elif item is Mark.DELIM:
+                self.delim_pkt()
+            else:
+                return True
+        return False
+
+    def take(self) -> list[bytes]:
+        """Every chunk so far, the last one possibly short (what a drain would write)."""
+        self._keep(self.buf.take())
+        out, self.out = self.out, []
+        return out
 
 
 class PktWriter:
@@ -64,7 +125,7 @@ class PktWriter:
     async def pkt(self, payload: bytes) -> None:
         """One data pkt-line (band 1 under sideband-all)."""
         if self.sideband_all:
-            payload = bytes((BAND_DATA,)) + payload
+            payload = band_payload(BAND_DATA, payload)
         await self._maybe(self.buf.add(payload))
 
     async def pkts(self, payloads: Iterable[bytes]) -> None:
@@ -72,13 +133,32 @@ class PktWriter:
             await self.pkt(payload)
 
     async def chunks(self, chunks: Iterable[bytes]) -> None:
-        """Already-framed chunks (each of 32 KiB or more but the last), one write each."""
+        """Already-framed chunks (each of 32 KiB or more but the last), one write each,
+        letting other tasks run every :data:`YIELD_EVERY` bytes."""
         await self.drain()
+        since_yield = 0
         for chunk in chunks:
             await self._send(chunk)
+            since_yield += len(chunk)
+            if since_yield >= YIELD_EVERY:
+                since_yield = 0
+                await asyncio.sleep(0)
 
     async def flush_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(FLUSH_PKT))
+
+    async def items(self, items: Iterable[bytes | Mark]) -> None:
+        """Data pkt-lines, flushes and delims laid out by protocol/fetch_response.py (what
+        follows a pack: that has no second pack)."""
+        for item in items:
+            if isinstance(item, bytes):
+                await self.pkt(item)
+            elif item is Mark.FLUSH:
+                await self.flush_pkt()
+            elif item is Mark.DELIM:
+                await self.delim_pkt()
+            else:
+                raise ValueError(f"{item} where no pack can go")
 
     async def delim_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(DELIM_PKT))
@@ -106,11 +186,11 @@ class PktWriter:
 
     async def error(self, message: str, in_band: bool) -> None:
         """Report a fatal error after the headers went out: band 3, or an ERR line."""
-        text = message.encode("utf-8", "replace")[:60000]
         if in_band and self.sideband is not Sideband.NONE:
-            await self.band(BAND_ERROR, text + b"\n")
+            framed = encode_band_error(message, self._band_max)
         else:
-            await self._maybe(self.buf.add_raw(encode_pkt(b"ERR " + text + b"\n")))
+            framed = encode_err_pkt(message)
+        await self._maybe(self.buf.add_raw(framed))
         await self.drain()
 
     async def keepalive(self) -> None:

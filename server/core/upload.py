@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gitspout.protocol.advertise import format_v0_capabilities, iter_v0_advertisement
 from gitspout.protocol.capabilities import V2Features, iter_v2_capabilities
-from gitspout.protocol.errors import ClientError
+from gitspout.protocol.errors import ClientError, Refusal
 from gitspout.protocol.fetch_request import FetchRequest
 from gitspout.protocol.filters import (
     FilterSpec,
@@ -36,6 +36,7 @@ from ..graph.commits import CommitSource
 from ..graph.negotiation import HaveTracker
 from ..graph.reachability import check_wants, reachable_subset
 from ..graph.shallow import ShallowPlan, plan_shallow
+from ..store.errors import StorageError
 from ..store.fscache import DirCache
 from ..store.fsops import FsOps
 from ..store.objformat import HASH_LEN, OBJ_COMMIT
@@ -45,18 +46,11 @@ from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
 
-__all__ = ["RequestContext", "FetchPlan", "V0_REQUEST_CAPS", "plan_fetch"]
+__all__ = ["RequestContext", "FetchPlan", "plan_fetch"]
 
 log = logging.getLogger("gitspout")
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
-
-# Capability names a v0 client may request (what we advertise, by name).
-V0_REQUEST_CAPS = frozenset(
-    b"multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since deepen-not "
-    b"deepen-relative no-progress include-tag multi_ack_detailed no-done agent "
-    b"object-format session-id".split()
-)
 
 
 @dataclass
@@ -123,7 +117,7 @@ class RequestContext:
             return hit or None  # b"": not a tag
         try:
             target, _, tags = self.src.peel(bytes.fromhex(oid_hex.decode("ascii")))
-        except (ObjectStoreError, ValueError):
+        except (StorageError, ValueError):  # a damaged object: advertised without peeling
             return None
         result = target.hex().encode() if tags else b""
         cache.put(oid_hex, result, PEELED_COST)
@@ -241,11 +235,7 @@ class RequestContext:
     def _reachable_subset(self, oids: Sequence[bytes]) -> set[bytes]:
         if self.config.allow_any_sha1:
             return set(oids)
-        ok = set()
-        for oid in oids:
-            if self.odb.contains(oid) and check_wants(self.src, [oid], self.tips()) is None:
-                ok.add(oid)
-        return ok
+        return reachable_subset(self.src, oids, self.tips(), self.registry.reach_cache)
 
     def tips(self) -> set[bytes]:
         """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
@@ -286,15 +276,15 @@ def _check_filter(cfg: RepoConfig, spec: FilterSpec | None) -> None:
     for leaf in [spec, *iter_filter_leaves(spec)]:
         name = filter_config_name(leaf)
         if isinstance(leaf, SparseOid):
-            raise ClientError("filter 'sparse:oid' not supported by this server", 200)
+            raise Refusal("filter 'sparse:oid' not supported by this server")
         allowed = cfg.filter_allow.get(name, cfg.filter_allow_default)
         if not allowed:
-            raise ClientError(f"filter '{name}' not supported", 200)
+            raise Refusal(f"filter '{name}' not supported")
         if isinstance(leaf, TreeDepth) and cfg.tree_filter_max_depth is not None:
             if leaf.depth > cfg.tree_filter_max_depth:
-                raise ClientError(
+                raise Refusal(
                     f"tree filter allows max depth {cfg.tree_filter_max_depth}, "
-                    f"but got {leaf.depth}", 200)
+                    f"but got {leaf.depth}")
 
 
 def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
@@ -303,19 +293,19 @@ def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
              b"refs/remotes/%s/HEAD"]
     found = [refs[r % name] for r in rules if (r % name) in refs]
     if len(found) > 1 and len({f.oid for f in found}) > 1:
-        raise ClientError(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}", 200)
+        raise Refusal(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}")
     if not found:
-        raise ClientError(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}", 200)
+        raise Refusal(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}")
     return found[0]
 
 
 def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
-    """Validate and decide (blocking). Raises :class:`ClientError` to refuse."""
+    """Validate and decide (blocking). Raises :class:`Refusal` to refuse in-band."""
     start = time.monotonic()
     cfg = ctx.config
     if req.filter is not None:
         if not cfg.allow_filter:
-            raise ClientError("git upload-pack: filtering capability not negotiated", 200)
+            raise Refusal("git upload-pack: filtering capability not negotiated")
         _check_filter(cfg, req.filter)
     head, refs = ctx.visible()
     by_name = {r.name: r for r in refs}
@@ -326,7 +316,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     for name in req.want_refs:
         ref = by_name.get(name)
         if ref is None:
-            raise ClientError(f"unknown ref {name.decode('utf-8', 'replace')}", 200)
+            raise Refusal(f"unknown ref {name.decode('utf-8', 'replace')}")
         wanted_refs.append((name, ref.oid))
         wants.append(bytes.fromhex(ref.oid.decode()))
     _check_want_policy(ctx, wants)
@@ -336,7 +326,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     try:
         shallow = plan_shallow(src, req, wants, client_shallows, deepen_not)
     except ObjectStoreError as exc:
-        raise ClientError(f"git upload-pack: {exc}", 200) from None
+        raise Refusal(f"git upload-pack: {exc}") from None
     tracker = HaveTracker(src, wants + list(shallow.extra_wants))
     plan = FetchPlan(req, wants, shallow, wanted_refs=wanted_refs)
     if req.version == 2:
@@ -364,7 +354,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
         if ctx.odb.contains(oid):
             known.append(oid)
     if known and not ctx.config.allow_any_sha1:
-        allowed = reachable_subset(ctx.src, known, ctx.tips())
+        allowed = reachable_subset(ctx.src, known, ctx.tips(), ctx.registry.reach_cache)
         dropped = [o for o in known if o not in allowed]
         if dropped:
             log.info("ignoring %d shallow line(s) of %s not reachable from visible refs: %s",
@@ -372,7 +362,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
         known = [o for o in known if o in allowed]
     for oid in known:
         if ctx.src.object_type(oid) != OBJ_COMMIT:
-            raise ClientError(f"invalid shallow object {oid.hex()}", 200)
+            raise Refusal(f"invalid shallow object {oid.hex()}")
     return known
 
 
@@ -389,4 +379,4 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
                  ctx.odb.rescans, len(ctx.odb.packs))
-        raise ClientError(f"upload-pack: not our ref {bad.hex()}", 200)
+        raise Refusal(f"upload-pack: not our ref {bad.hex()}")

@@ -28,6 +28,9 @@ class HaveTracker:
         self._want_commits: list[bytes] | None = None
         self._wants = wants
         self._satisfied: set[bytes] = set()
+        # ok_to_give_up's answer only changes when a have adds to what they have: keep it
+        # until then (v0 asks after every unknown have, and a request may hold 1M).
+        self._give_up: bool | None = None
 
     # HaveOracle -------------------------------------------------------------
 
@@ -35,6 +38,7 @@ class HaveTracker:
         oid = bytes.fromhex(oid_hex.decode("ascii"))
         if not self.src.odb.contains(oid):
             return False
+        before = len(self._they_have), self._oldest
         if self.src.object_type(oid) == OBJ_COMMIT:
             info = self.src.commit(oid)
             if self._oldest is None or info.time < self._oldest:
@@ -43,12 +47,21 @@ class HaveTracker:
         if oid not in self._they_have:
             self._they_have.add(oid)
             self.common.append(oid)
+        if (len(self._they_have), self._oldest) != before:
+            self._give_up = None
         return True
 
     def have_count(self) -> int:
         return len(self.common)
 
     def ok_to_give_up(self) -> bool:
+        if self._give_up is None:
+            self._give_up = self._all_wants_reach()
+        return self._give_up
+
+    # internals ---------------------------------------------------------------
+
+    def _all_wants_reach(self) -> bool:
         if not self.common:
             return False
         for want in self._commit_wants():
@@ -58,8 +71,6 @@ class HaveTracker:
                 return False
             self._satisfied.add(want)
         return True
-
-    # internals ---------------------------------------------------------------
 
     def _commit_wants(self) -> list[bytes]:
         if self._want_commits is None:

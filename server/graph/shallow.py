@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gitspout.protocol.errors import ClientError
+from gitspout.protocol.errors import Refusal
 from gitspout.protocol.fetch_request import INFINITE_DEPTH, FetchRequest
 
 from ..store.objformat import OBJ_COMMIT
@@ -37,46 +37,36 @@ class ShallowPlan:
 def _depth_walk(
     src: CommitSource, heads: Sequence[bytes], depth: int
 ) -> tuple[list[bytes], set[bytes], set[bytes]]:
-    """shallow.c get_shallow_commits: (result list, SHALLOW-flagged, NOT_SHALLOW-flagged)."""
-    result: list[bytes] = []
-    shallow: set[bytes] = set()
+    """shallow.c get_shallow_commits: (boundary list, SHALLOW-flagged, NOT_SHALLOW-flagged).
+
+    C git walks depth first and walks a commit again each time it finds a shorter path to
+    it: deepen 1000 on dulwich's history is 397k visits for 3k commits, each a commit
+    lookup here. What that walk settles on is each commit's shortest distance from the
+    heads: commits closer than ``depth - 1`` end NOT_SHALLOW, and those at exactly
+    ``depth - 1`` (reached, and never by a shorter path) are the boundary, SHALLOW and not
+    NOT_SHALLOW. One breadth-first pass finds the same two sets, each commit looked up
+    once. The boundary comes in discovery order (C git lists it in its walk's order;
+    clients sort their shallow file).
+    """
+    level = list(dict.fromkeys(heads))
+    seen = set(level)
     not_shallow: set[bytes] = set()
-    depths: dict[bytes, int] = {}
-    stack: list[bytes] = []
-    i = 0
-    commit: bytes | None = None
-    cur = 0
-    while commit is not None or i < len(heads) or stack:
-        if commit is None:
-            if i < len(heads):
-                commit = heads[i]
-                i += 1
-                depths[commit] = 0
-                cur = 0
-            else:
-                commit = stack.pop()
-                cur = depths[commit]
-        info = src.commit(commit)
-        cur += 1
-        if depth != INFINITE_DEPTH and cur >= depth:
-            result.insert(0, commit)
-            shallow.add(commit)
-            commit = None
-            continue
-        not_shallow.add(commit)
-        parents = info.parents
-        commit = None
-        for n, parent in enumerate(parents):
-            old = depths.get(parent)
-            if old is not None and cur >= old:
-                continue
-            depths[parent] = cur
-            if n + 1 < len(parents):
-                stack.append(parent)
-            else:
-                commit = parent
-                cur = depths[commit]
-    return result, shallow, not_shallow
+    distance = 0
+    while level:
+        if depth != INFINITE_DEPTH and distance + 1 >= depth:
+            for commit in level:
+                src.commit(commit)  # C git parses the boundary too: a broken one fails here
+            return level, set(level), not_shallow
+        following: list[bytes] = []
+        for commit in level:
+            not_shallow.add(commit)
+            for parent in src.commit(commit).parents:
+                if parent not in seen:
+                    seen.add(parent)
+                    following.append(parent)
+        level = following
+        distance += 1
+    return [], set(), not_shallow
 
 
 def _rev_list_walk(
@@ -85,7 +75,7 @@ def _rev_list_walk(
     """shallow.c get_shallow_commits_by_rev_list."""
     commits, _ = src.walk_by_date(wants, not_oids, since=since)
     if not commits:
-        raise ClientError("no commits selected for shallow requests", 200)
+        raise Refusal("no commits selected for shallow requests")
     selected = set(commits)
     border = [c for c in commits if any(p not in selected for p in src.commit(c).parents)]
     shallow = set(border)
@@ -127,10 +117,8 @@ def plan_shallow(
             src, _commit_heads(src, wants), req.deepen_since, _commit_heads(src, deepen_not)
         )
     client = set(client_shallows)
-    shallow_lines = []
-    for c in result:
-        if c not in client and c not in not_shallow and c not in shallow_lines:
-            shallow_lines.append(c)
+    # dict.fromkeys: an ordered set (a list lookup here made 40k lines quadratic).
+    shallow_lines = list(dict.fromkeys(c for c in result if c not in client and c not in not_shallow))
     unshallow = [c for c in client_shallows if c in not_shallow]
     extra: list[bytes] = []
     for c in unshallow:

@@ -30,7 +30,7 @@ from dulwich.pack import create_delta
 from ..core.stats import PackStats, Progress
 from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
-from ..store.packs import PackFile, encode_entry_header, parse_entry_header
+from ..store.packs import PackFile, encode_entry_header
 
 __all__ = [
     "PackSource",
@@ -69,7 +69,7 @@ class WholePackSource:
         while pos < end:
             data = os.pread(fd, min(CHUNK, end - pos), pos)
             if not data:
-                raise OSError(f"{self.pack.name}: pack file shrank while being sent")
+                raise self.pack.corrupt("file shrank while being sent")
             pos += len(data)
             self.stats.size += len(data)
             self.stats.reused_bytes += len(data)
@@ -216,14 +216,21 @@ class ReusePackSource:
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
         self._done: list[PackPlan] = []
+        # Entries of the pack being copied that were written here instead of reused (their
+        # stored base is not sent): rank -> rank of the base they were deltified against in
+        # that same pack, or None (whole, or a base outside it). With the stored bases of
+        # the other entries, this is the output's delta graph, checked for cycles.
+        self._regen: dict[int, int | None] = {}
 
     def chunks(self) -> Iterator[bytes | Progress]:
         out = _Out(self.odb.hash_len)
         out.write(b"PACK" + struct.pack(">II", 2, self.selection.count))
         for plan in self.selection.plans:
+            self._regen = {}
             for _ in self._copy_pack(plan, out):
                 yield from out.drain()
             self._done.append(plan)
+        self._regen = {}
         for oid in self.selection.loose:
             self._write_whole(oid, out)
             yield from out.drain()
@@ -272,7 +279,7 @@ class ReusePackSource:
         while pos < end:
             data = pack.read_raw(pos, min(end, pos + READ_WINDOW))
             if not data:
-                raise OSError(f"{pack.name}: pack file ended early")
+                raise pack.corrupt("file ended early")
             if len(data) >= CHUNK // 4:
                 out.write_large(data)
             else:
@@ -285,7 +292,7 @@ class ReusePackSource:
         offs = pack.sorted_offsets
         start = offs[rank]
         raw = memoryview(pack.read_raw(start, offs[rank + 1]))
-        hdr = parse_entry_header(bytes(raw[:64]), start, pack.hash_len)
+        hdr = pack.parse_header(bytes(raw[:64]), start)
         body = raw[hdr.data_offset - start :]
         if hdr.type_num == OFS_DELTA:
             base_rank = pack.base_ranks()[rank]
@@ -311,11 +318,16 @@ class ReusePackSource:
             self.stats.reused_bytes += out.offset - before
         else:
             del plan.single[rank]
-            self._write_whole(pack.oid_at(pack.pack_order[rank]), out)
+            self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan, rank)
 
     def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes, rank: int) -> int | None:
         if 0 <= base_rank < rank and plan.selected[base_rank]:
-            return plan.out_offset(base_rank)
+            at = plan.out_offset(base_rank)
+            if at is not None:
+                return at
+            # The base was written here, but whole or as a new delta (its own stored base
+            # was not sent): it is still in the output, so deltas against it stay reusable.
+            # Giving up here made every delta below such a base be regenerated in turn.
         return self._find_written(oid)
 
     def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes,
@@ -332,25 +344,44 @@ class ReusePackSource:
         self.stats.reused_deltas += 1
         self.stats.deltas += 1
 
-    def _write_whole(self, oid: bytes, out: _Out) -> None:
+    def _write_whole(self, oid: bytes, out: _Out, plan: PackPlan | None = None,
+                     rank: int = -1) -> None:
         """Write an object nothing could be reused for: as a new delta against the object
-        at the same path in the parent commit when that base is sent before it or the
-        client has it (a thin pack), else whole."""
+        at the same path in the parent commit when that base is sent too or the client has
+        it (a thin pack), else whole. ``plan``/``rank`` say where it sits when it is an
+        entry of the pack being copied."""
         type_num, data = self.odb.read(oid)
         start = self._written[oid] = out.offset
         self.stats.generated += 1
-        if not self._write_new_delta(oid, type_num, data, out):
+        if plan is not None:
+            self._regen[rank] = None
+        if not self._write_new_delta(oid, type_num, data, out, plan, rank):
             out.write(encode_entry_header(type_num, len(data)))
             out.write(zlib.compress(data, self.compression))
         self.stats.generated_bytes += out.offset - start
 
-    def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out) -> bool:
+    def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out,
+                         plan: PackPlan | None, rank: int) -> bool:
         base = self.hints.get(oid)
         if base is None or len(data) < 64:
             return False
-        base_at = self._find_written(base)
-        if base_at is None and (self.thin is None or not self.thin(None, -1, base)):
-            return False
+        base_rank = plan.rank_of(base) if plan is not None else -1
+        in_plan = plan is not None and base_rank >= 0 and bool(plan.selected[base_rank])
+        if in_plan:
+            # The base is an entry of the pack being copied, sent before or after this one
+            # (pack order is newest first, and the parent's version is usually older, so
+            # usually after). Either way fine for index-pack, unless the base's own chain
+            # in the output leads back here.
+            assert plan is not None
+            if not self._chain_avoids(plan, base_rank, rank):
+                return False
+            base_at = plan.out_offset(base_rank) if base_rank < rank else None
+            if base_at is None:
+                base_at = self._written.get(base)
+        else:
+            base_at = self._find_written(base)
+            if base_at is None and (self.thin is None or not self.thin(None, -1, base)):
+                return False
         base_type, base_data = self.odb.read(base)
         if base_type != type_num:
             return False
@@ -363,7 +394,39 @@ class ReusePackSource:
             out.write(encode_entry_header(REF_DELTA, len(delta), base))
         out.write(zlib.compress(delta, self.compression))
         self.stats.deltas += 1
+        if in_plan:
+            self._regen[rank] = base_rank
         return True
+
+    def _chain_avoids(self, plan: PackPlan, start: int, target: int) -> bool:
+        """True when the delta chain of entry ``start`` in the output cannot reach entry
+        ``target``, so that ``target`` may be deltified against ``start``.
+
+        Every entry keeps its stored base when that base is sent (copied or rewritten, the
+        base stays); entries written here follow the base recorded in ``_regen``. An entry
+        still to be written whose stored base is not sent will choose its base later with
+        this same check, which sees the edge added now, so it cannot close a cycle either.
+        """
+        bases = plan.pack.base_ranks()
+        r = start
+        for _ in range(plan.pack.count + 1):
+            if r == target:
+                return False
+            if r in self._regen:
+                nxt = self._regen[r]
+                if nxt is None:
+                    return True
+                r = nxt
+                continue
+            b = bases[r]
+            if b < 0:
+                return False  # a stored REF_DELTA: its base is not looked up here
+            if b == r or not plan.selected[b]:
+                # Whole, or written against something outside this pack (thin base), or
+                # to be decided later (see above).
+                return True
+            r = b
+        return False
 
     def _find_written(self, oid: bytes) -> int | None:
         at = self._written.get(oid)

@@ -11,6 +11,7 @@ import struct
 import sys
 from array import array
 
+from .errors import StorageError
 from .lru import ByteLRU
 from .packs import PackFile
 
@@ -21,7 +22,7 @@ _LITTLE = sys.byteorder == "little"
 DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches")
 
 
-class BitmapFormatError(Exception):
+class BitmapFormatError(StorageError):
     """The .bitmap file is not one we can use; callers fall back to a walk."""
 
 

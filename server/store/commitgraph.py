@@ -10,6 +10,7 @@ import mmap
 import os
 import struct
 
+from .errors import StorageError
 from .lru import ByteLRU
 from .objformat import HASH_ID_LEN
 
@@ -23,8 +24,8 @@ GraphEntry = tuple[bytes, tuple[bytes, ...], int, int]
 """(root tree, parents, commit time, generation) with binary ids."""
 
 
-class CommitGraphError(Exception):
-    pass
+class CommitGraphError(StorageError):
+    """The commit-graph file is not one we can use; commits are then parsed instead."""
 
 
 class CommitGraph:

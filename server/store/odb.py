@@ -14,9 +14,11 @@ import os
 import zlib
 from dataclasses import dataclass
 
+from dulwich.errors import ApplyDeltaError
 from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph, load_commit_graph
+from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
@@ -31,11 +33,15 @@ _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(StorageError):
     """The repository's object store is damaged or unreadable."""
+
+    what = "damaged object store"
 
 
 class MissingObject(ObjectStoreError):
+    what = "missing object"
+
     def __init__(self, oid: bytes) -> None:
         super().__init__(f"missing object {oid.hex()}")
         self.oid = oid
@@ -72,6 +78,7 @@ class ObjectSnapshot:
         self._info_listing: Listing | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
+        self.broken: list[PackFormatError] = []  # packs listed that cannot be read
         self._scan_packs()
         self.alternates = self._load_alternates(_depth)
 
@@ -84,6 +91,7 @@ class ObjectSnapshot:
             self.dirs.check_links(self.fs, pack_dir, listing)  # before any pack is opened
         inodes = {name: ino for name, ino, _ in (listing.entries if listing else ())}
         packs: list[PackFile] = []
+        broken: list[PackFormatError] = []
         live: set[tuple[object, ...]] = set()
         for name, ino in inodes.items():
             if not (name.startswith("pack-") and name.endswith(".idx")):
@@ -98,8 +106,13 @@ class ObjectSnapshot:
                 packs.append(self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key, self.fs))
             except FileNotFoundError:
                 continue  # removed between listing and opening: a repack is under way
-            except (PackFormatError, ValueError, OSError):
-                continue
+            except PackFormatError as exc:
+                broken.append(exc)  # skipped, but a needed object missing then names it
+            except (ValueError, OSError) as exc:  # an empty or unreadable file
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                broken.append(PackFormatError(f"{stem}.pack: cannot open: {why}",
+                                              pack=stem + ".pack"))
+        self.broken = broken
         self.registry.forget_missing(live, pack_dir)
         # Largest packs first: most lookups hit the main pack.
         packs.sort(key=lambda p: p.count, reverse=True)
@@ -254,7 +267,18 @@ class ObjectSnapshot:
                 loc = snap._find_local(oid)
                 if loc is not None:
                     return loc
+        if needed:
+            self._raise_if_broken(oid)
         return None
+
+    def _raise_if_broken(self, oid: bytes) -> None:
+        """A needed object is nowhere to be found while a pack could not be read: that
+        pack may well hold it, so the answer is a storage fault naming it, not a miss."""
+        for snap in (self, *self.alternates):
+            if snap.broken:
+                exc = snap.broken[0]
+                raise PackFormatError(f"{exc}; needed object {oid.hex()} is in no other pack",
+                                      pack=exc.pack)
 
     def contains(self, oid: bytes) -> bool:
         """Expected-miss lookup (a client's have): never rescans."""
@@ -328,7 +352,10 @@ class ObjectSnapshot:
         else:
             raise ObjectStoreError("delta chain too long")
         for p, off, hdr in reversed(chain):
-            data = b"".join(apply_delta(data, p.inflate(hdr)))
+            try:
+                data = b"".join(apply_delta(data, p.inflate(hdr)))
+            except ApplyDeltaError as exc:
+                raise p.corrupt(f"bad delta in entry at {off}: {exc}") from None
             cache.put((p.key, off), (type_num, data), len(data))
         return type_num, data
 
@@ -353,11 +380,17 @@ class ObjectSnapshot:
         while len(head) < 20 and not d.eof:
             data = pack.read_raw(pos, pos + 256)
             if not data:
-                raise ObjectStoreError(f"{pack.name}: truncated delta at {hdr.data_offset}")
+                raise pack.corrupt(f"truncated delta at {hdr.data_offset}")
             pos += len(data)
-            head += d.decompress(data, 32 - len(head))
-        _, at = _varint(head, 0)
-        size, _ = _varint(head, at)
+            try:
+                head += d.decompress(data, 32 - len(head))
+            except zlib.error as exc:
+                raise pack.corrupt(f"bad zlib data in entry at {hdr.data_offset}: {exc}") from None
+        try:
+            _, at = _varint(head, 0)
+            size, _ = _varint(head, at)
+        except IndexError:
+            raise pack.corrupt(f"truncated delta at {hdr.data_offset}") from None
         base_type = self._base_type(pack, hdr)
         return base_type, size
 

@@ -18,6 +18,7 @@ from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from .errors import StorageError
 from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
 __all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
@@ -26,8 +27,10 @@ _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
 
 
-class PackFormatError(Exception):
+class PackFormatError(StorageError):
     """A pack or index file is not in a format we can read."""
+
+    what = "corrupt pack"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,10 @@ class PackFile:
             self.pack_size = os.fstat(self.fd).st_size
             self._check_pack_header()
         except BaseException:
-            os.close(self.fd)
+            # -1 first: __del__ must not close the number again, once another file has it.
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+            self._idx.close()
             raise
         self._sorted_offsets: array | None = None
         self._pack_order: array | None = None
@@ -127,10 +133,10 @@ class PackFile:
             idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if len(idx) < 8 + 1024 + 2 * self.hash_len:
             idx.close()
-            raise PackFormatError(f"{path}: truncated index")
+            raise self.corrupt("truncated index", ".idx")
         if idx[:4] != _IDX_MAGIC or struct.unpack(">I", idx[4:8])[0] != 2:
             idx.close()
-            raise PackFormatError(f"{path}: only pack index version 2 is supported")
+            raise self.corrupt("only pack index version 2 is supported", ".idx")
         self.fanout = array("I", idx[8 : 8 + 1024])
         if self.fanout.itemsize == 4 and array("I", [1]).tobytes()[0] == 1:
             self.fanout.byteswap()
@@ -142,7 +148,7 @@ class PackFile:
         self._large_at = self._ofs_at + n * 4
         if len(idx) < self._large_at + 2 * h:
             idx.close()
-            raise PackFormatError(f"{path}: truncated index")
+            raise self.corrupt("truncated index", ".idx")
         return idx
 
     def _check_pack_header(self) -> None:
@@ -150,10 +156,16 @@ class PackFile:
         records: a truncated or foreign pack is never served (two small reads, once)."""
         head = os.pread(self.fd, 12, 0)
         if head[:4] != b"PACK" or struct.unpack(">I", head[8:12])[0] != self.count:
-            raise PackFormatError(f"{self.base}.pack: header does not match its index")
+            raise self.corrupt("header does not match its index")
         h = self.hash_len
         if self.pack_size < 12 + h or os.pread(self.fd, h, self.pack_size - h) != self.pack_checksum():
-            raise PackFormatError(f"{self.base}.pack: trailer does not match its index")
+            raise self.corrupt("trailer does not match its index (truncated?)")
+
+    def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError:
+        """The error for a fault in this pack's ``suffix`` file: names the file, not its
+        directory (the message may reach a client; the log adds the repository)."""
+        name = self.name + suffix
+        return PackFormatError(f"{name}: {detail}", pack=self.name + ".pack")
 
     def close(self) -> None:
         """Release the descriptors (also done when the object is collected)."""
@@ -320,8 +332,7 @@ class PackFile:
             if start + _HEADER_READ > win_at + len(window):
                 win_at = start
                 window = os.pread(self.fd, min(8 << 20, end - start + _HEADER_READ), start)
-            hdr = parse_entry_header(window[start - win_at : start - win_at + _HEADER_READ],
-                                     start, self.hash_len)
+            hdr = self.parse_header(window[start - win_at : start - win_at + _HEADER_READ], start)
             if hdr.type_num == OFS_DELTA:
                 assert hdr.base_offset is not None
                 out[rank] = bisect_left(offs, hdr.base_offset, 0, rank)
@@ -335,7 +346,16 @@ class PackFile:
     # -- entries ----------------------------------------------------------------
 
     def read_header(self, offset: int) -> EntryHeader:
-        return parse_entry_header(os.pread(self.fd, _HEADER_READ, offset), offset, self.hash_len)
+        return self.parse_header(os.pread(self.fd, _HEADER_READ, offset), offset)
+
+    def parse_header(self, buf: bytes, offset: int) -> EntryHeader:
+        """:func:`parse_entry_header` of bytes read from this pack at ``offset``."""
+        try:
+            return parse_entry_header(buf, offset, self.hash_len)
+        except PackFormatError as exc:
+            raise self.corrupt(str(exc)) from None
+        except IndexError:
+            raise self.corrupt(f"truncated entry header at {offset}") from None
 
     def read_raw(self, start: int, end: int) -> bytes:
         return os.pread(self.fd, end - start, start)
@@ -351,13 +371,16 @@ class PackFile:
         while not d.eof:
             data = os.pread(self.fd, chunk, pos)
             if not data:
-                raise PackFormatError(f"{self.name}: truncated entry at {hdr.data_offset}")
+                raise self.corrupt(f"truncated entry at {hdr.data_offset}")
             pos += len(data)
-            out = d.decompress(data, want - got + 1)
+            try:
+                out = d.decompress(data, want - got + 1)
+            except zlib.error as exc:
+                raise self.corrupt(f"bad zlib data in entry at {hdr.data_offset}: {exc}") from None
             parts.append(out)
             got += len(out)
             chunk = max(chunk, 65536)
         result = b"".join(parts) if len(parts) != 1 else parts[0]
         if len(result) != want:
-            raise PackFormatError(f"{self.name}: bad entry size at {hdr.data_offset}")
+            raise self.corrupt(f"bad entry size at {hdr.data_offset}")
         return result

@@ -41,6 +41,24 @@ def test_empty_repo_clone(git, server, tmp_path, version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("repo", ["long-plain.git", "long-refdelta.git"])
+def test_deep_shallow_clone_of_a_long_history(git, long_server, tmp_path, repo, version):
+    """--depth 300 of a 1,500-commit history (a big file's versions stored as one delta
+    chain whose root the clone does not get), then deepened by 500: the same commits,
+    boundary and objects as over file://, and the packs pass fsck. (Not long.git: C git's
+    own v2 shallow clone of it fails, as that one allows ref-in-want.)"""
+    ours, theirs = clone_both(git, long_server, repo, tmp_path, version,
+                              "--depth", "300", "--no-single-branch")
+    state = assert_same(git, ours, theirs)
+    assert state.shallow
+    assert git.out("rev-list", "--count", "main", cwd=ours).strip() == "300"
+    for path in (ours, theirs):
+        git.run("-c", f"protocol.version={version}", "fetch", "-q", "--deepen", "500", cwd=path)
+    assert_same(git, ours, theirs)
+    assert git.out("rev-list", "--count", "main", cwd=ours).strip() == "800"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_depth_then_deepen(git, server, tmp_path, version):
     ours, theirs = clone_both(git, server, "basic.git", tmp_path, version, "--depth", "1")
     state = assert_same(git, ours, theirs)

@@ -5,18 +5,24 @@ from __future__ import annotations
 import pytest
 from gitspout.protocol.advertise import (
     V0_BASE_CAPABILITIES,
+    V0_REQUEST_CAPABILITIES,
     format_service_header,
     format_v0_capabilities,
     iter_v0_advertisement,
     sorted_refs,
+    v0_request_capabilities,
 )
 from gitspout.protocol.capabilities import V2Features, fetch_features, iter_v2_capabilities
 from gitspout.protocol.fetch_response import (
     PACKFILE_HEADER,
+    Mark,
     iter_shallow_info,
     iter_shallow_lines,
+    iter_v0_fetch_response,
+    iter_v2_fetch_response,
     iter_wanted_refs,
 )
+from gitspout.protocol.negotiate import V0Answer, V2Answer
 from gitspout.protocol.refs import (
     HeadInfo,
     Ref,
@@ -64,6 +70,22 @@ def test_format_v0_capabilities_minimal() -> None:
 def test_format_v0_capabilities_defaults() -> None:
     caps = format_v0_capabilities(object_format=b"sha1", agent=b"x", head_target=None)
     assert caps == BASE + b" no-done filter object-format=sha1 agent=x"
+
+
+@pytest.mark.parametrize("allow_filter", [True, False])
+def test_v0_request_capabilities_are_what_is_offered(allow_filter: bool) -> None:
+    """ARCHITECTURE.md P12: a client may name what the advertisement offers, by name, but
+    the facts it only reports (allow-*-sha1-in-want, symref)."""
+    caps = format_v0_capabilities(
+        object_format=b"sha1", agent=b"x", head_target=b"refs/heads/main",
+        allow_tip_sha1=True, allow_reachable_sha1=True, allow_filter=allow_filter,
+        session_id=b"sid",
+    )
+    offered = {c.partition(b"=")[0] for c in caps.split(b" ")}
+    facts = {b"allow-tip-sha1-in-want", b"allow-reachable-sha1-in-want", b"symref"}
+    assert v0_request_capabilities(allow_filter) == offered - facts
+    assert V0_REQUEST_CAPABILITIES == set(BASE.split()) | {
+        b"no-done", b"agent", b"object-format", b"session-id"}
 
 
 def test_service_header() -> None:
@@ -188,6 +210,44 @@ def test_wanted_refs_section() -> None:
 
 def test_packfile_header() -> None:
     assert PACKFILE_HEADER == b"packfile\n"
+
+
+ACKS = (b"acknowledgments\n", b"ACK " + A + b"\n", b"ready\n")
+F, D, P = Mark.FLUSH, Mark.DELIM, Mark.PACK
+
+
+def test_v2_sections_in_spec_order() -> None:
+    """ARCHITECTURE.md P9: acknowledgments, shallow-info, wanted-refs, packfile."""
+    items = list(iter_v2_fetch_response(V2Answer(ACKS, True), shallow=[A], unshallow=[B],
+                                        deepen=True, wanted_refs=[(b"refs/heads/x", T)]))
+    assert items == [*ACKS, D, b"shallow-info\n", b"shallow " + A, b"unshallow " + B, D,
+                     b"wanted-refs\n", T + b" refs/heads/x\n", D, PACKFILE_HEADER, P, F]
+
+
+def test_v2_acknowledgments_alone_end_with_flush() -> None:
+    acks = (b"acknowledgments\n", b"NAK\n")
+    assert list(iter_v2_fetch_response(V2Answer(acks, False), deepen=True,
+                                       wanted_refs=[(b"refs/heads/x", T)])) == [*acks, F]
+
+
+def test_v2_shallow_info_when_deepening_or_client_is_shallow() -> None:
+    done = V2Answer(None, True)
+    assert list(iter_v2_fetch_response(done)) == [PACKFILE_HEADER, P, F]
+    for kw in ({"deepen": True}, {"client_shallow": True}):
+        assert list(iter_v2_fetch_response(done, **kw)) == [
+            b"shallow-info\n", D, PACKFILE_HEADER, P, F]
+    assert list(iter_v2_fetch_response(None, deepen=True)) == []
+
+
+def test_v0_shallow_list_and_flush_come_first_even_empty() -> None:
+    """ARCHITECTURE.md P8."""
+    nak = V0Answer((b"NAK\n",), True)
+    assert list(iter_v0_fetch_response(nak, deepen=True)) == [F, b"NAK\n", P, F]
+    assert list(iter_v0_fetch_response(nak, shallow=[A], deepen=True, sideband=False)) == [
+        b"shallow " + A, F, b"NAK\n", P]
+    assert list(iter_v0_fetch_response(nak, shallow=[A])) == [b"NAK\n", P, F]
+    assert list(iter_v0_fetch_response(V0Answer((), False), deepen=True)) == [F]
+    assert list(iter_v0_fetch_response(None, deepen=True)) == []
 
 
 # ------------------------------------------------------------------ refs / hideRefs

@@ -1,6 +1,6 @@
 """Regression tests for bugs and C git 2.39 divergences found by the fixture suite:
 encodable error texts, object-info without ids, shallow lines without LF, one ACK per
-repeated have, and bytes after the end of a request left undecoded."""
+distinct have, and bytes after the end of a request left undecoded."""
 
 from __future__ import annotations
 
@@ -62,15 +62,19 @@ def test_shallow_lines_byte_exact() -> None:
     assert list(iter_shallow_lines(shallow, [])) == c_lines
 
 
-# 4. v2 acknowledgments: C git sends one ACK per have line, repeats included;
-#    negotiate_v2 deduplicates (harmless to git clients; a divergence, not a failure).
-def test_v2_duplicate_have_byte_exact() -> None:
+# 4. v2 acknowledgments: C git 2.39 sends one ACK per have line, repeats included (since
+#    2.45, fae9627470, one per distinct object, as its have_obj list holds each once).
+#    negotiate_v2 ACKs each distinct common have once (600k copies of one have cost 29 MB
+#    of ACKs otherwise): C git 2.39's answer with its repeated lines dropped.
+def test_v2_duplicate_have_acked_once() -> None:
     ex = EX["v2-fetch-duplicate-have"]
     cmd = parse_command_request(ex.request, F)
     req = parse_v2_fetch_args(cmd.args, F)
     answer = negotiate_v2(req, GraphOracle(req.wants))
-    body = b"".join(encode_pkt(p) for p in answer.ack_lines) + FLUSH_PKT
-    assert body == ex.response
+    assert answer is not None and answer.ack_lines is not None
+    c_lines = split_pkts(ex.response)[:-1]
+    assert len(c_lines) == 3  # acknowledgments, then the same ACK twice
+    assert list(answer.ack_lines) == list(dict.fromkeys(c_lines))
 
 
 # 5. Bytes after the request's end: C git stops reading at the closing flush (v2) or at

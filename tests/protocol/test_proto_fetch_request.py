@@ -7,6 +7,9 @@ from gitspout.protocol.capabilities import V2Features
 from gitspout.protocol.errors import ClientError
 from gitspout.protocol.fetch_request import (
     INFINITE_DEPTH,
+    MAX_DEEPEN_NOT,
+    MAX_SHALLOWS,
+    MAX_WANTS,
     FetchRequest,
     HavesEnd,
     MultiAck,
@@ -457,3 +460,44 @@ def test_fetch_request_properties() -> None:
     assert FetchRequest(version=2, deepen_not=(b"x",)).deepen
     with pytest.raises(AttributeError):
         FetchRequest(version=2).depth = 3  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ caps on line counts
+
+REF_IN_WANT = V2Features(agent=b"x", allow_ref_in_want=True)
+
+
+def test_v2_repeated_shallows_and_want_refs_scale_linearly() -> None:
+    """80k shallow lines (half repeats) parse in one pass: a list lookup per line made
+    this quadratic (40k lines took 14 s)."""
+    shallows = [b"shallow %040x" % (k % 40_000) for k in range(80_000)]
+    req = parse_v2_fetch_args([b"want " + W1, *shallows], F)
+    assert req.shallows == tuple(b"%040x" % k for k in range(40_000))
+    refs = [b"want-ref refs/heads/b%06d" % k for k in range(40_000)]
+    assert len(parse_v2_fetch_args(refs, REF_IN_WANT).want_refs) == 40_000
+    with pytest.raises(ClientError, match="duplicate want-ref refs/heads/b000007"):
+        parse_v2_fetch_args([*refs, b"want-ref refs/heads/b000007"], REF_IN_WANT)
+
+
+def test_deepen_not_cap() -> None:
+    lines = [b"deepen-not refs/heads/x%d" % k for k in range(MAX_DEEPEN_NOT)]
+    assert len(parse_v2_fetch_args([b"want " + W1, *lines], F).deepen_not) == MAX_DEEPEN_NOT
+    with pytest.raises(ClientError, match="too many deepen-not lines"):
+        parse_v2_fetch_args([b"want " + W1, *lines, b"deepen-not refs/heads/y"], F)
+
+
+def test_wants_and_want_refs_share_one_cap() -> None:
+    wants = [b"want %040x" % k for k in range(MAX_WANTS - 1)]
+    req = parse_v2_fetch_args([*wants, b"want-ref refs/heads/main"], REF_IN_WANT)
+    assert len(req.wants) + len(req.want_refs) == MAX_WANTS
+    with pytest.raises(ClientError, match="too many want lines"):
+        # Repeats of listed wants are not counted; one more distinct one is.
+        parse_v2_fetch_args([*wants, wants[0], b"want-ref refs/heads/main", b"want " + W1],
+                            REF_IN_WANT)
+
+
+def test_shallow_cap_counts_distinct_ids() -> None:
+    assert MAX_SHALLOWS >= 100_000  # a --depth clone of a many-ref mirror sends one per tip
+    many = [b"shallow %040x" % k for k in range(MAX_SHALLOWS)]
+    with pytest.raises(ClientError, match="too many shallow lines"):
+        parse_v2_fetch_args([b"want " + W1, *many, b"shallow " + W1], F)

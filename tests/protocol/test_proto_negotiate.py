@@ -158,9 +158,19 @@ def test_none_acks_only_the_first_common() -> None:
     )
 
 
-def test_none_acks_repeats_while_one_common() -> None:
-    """have_obj.nr == 1 is what C checks: a repeated (already known) have is acked again."""
-    assert run0(v0((C1, C1), HavesEnd.FLUSH, MultiAck.NONE)).lines == (ack(C1), ack(C1))
+def test_none_acks_a_repeated_have_once() -> None:
+    """have_obj.nr == 1 is what C checks, so C git acks a repeat of the first have again;
+    the repeat says nothing new, and each distinct answer line goes out once."""
+    assert run0(v0((C1, C1), HavesEnd.FLUSH, MultiAck.NONE)).lines == (ack(C1),)
+
+
+def test_repeated_haves_are_answered_once_but_still_count() -> None:
+    """A repeat is not answered again, yet it still moves "last common" (the final ACK)
+    and an unknown repeat can still say ready once giving up became possible."""
+    answer = run0(v0((C1, C2, C1), HavesEnd.DONE, MultiAck.DETAILED))
+    assert answer.lines == (ack(C1, b" common"), ack(C2, b" common"), ack(C1))
+    answer = run0(v0((U1, C1, U1, U1), HavesEnd.FLUSH, MultiAck.DETAILED))
+    assert answer.lines == (ack(C1, b" common"), ack(U1, b" ready"), NAK)
 
 
 def test_none_unknown_only_is_nak() -> None:

@@ -12,6 +12,7 @@ from gitspout.protocol.pktline import (
     FLUSH_PKT,
     MAX_PKT_LEN,
     MAX_PKT_PAYLOAD,
+    MAX_REQUEST_PKTS,
     NEED_MORE,
     RESPONSE_END_PKT,
     Pkt,
@@ -308,3 +309,40 @@ def test_pktbuffer_100k_refs_chunk_count() -> None:
     assert len(chunks) <= math.ceil(total / DEFAULT_CHUNK_SIZE) + 1
     assert len(chunks) >= total // (DEFAULT_CHUNK_SIZE + 100)
     assert all(len(c) >= DEFAULT_CHUNK_SIZE for c in chunks[:-1])
+
+
+# ------------------------------------------------------------------ pkt-line count
+
+
+def test_iter_pkts_counts_exactly() -> None:
+    body = b"0005a" * 3 + FLUSH_PKT
+    assert len(list(iter_pkts(body, max_pkts=4))) == 4
+    with pytest.raises(ClientError) as info:
+        list(iter_pkts(body, max_pkts=3))
+    assert info.value.http_status == 413
+    assert info.value.message == "request has more than 3 pkt-lines"
+    # Every kind counts, not only one-byte lines.
+    with pytest.raises(ClientError):
+        list(iter_pkts(FLUSH_PKT * 3 + DELIM_PKT + encode_pkt(b"x" * 100), max_pkts=4))
+
+
+def test_request_parsers_cap_pkt_lines() -> None:
+    """The cap is the parsers' (a 413 before anything acts on the request); what follows
+    the end of the request is never decoded, so never counted."""
+    from gitspout.protocol.capabilities import V2Features
+    from gitspout.protocol.command import parse_command_request
+    from gitspout.protocol.fetch_request import parse_v0_request
+
+    assert MAX_REQUEST_PKTS == 1_000_000
+    want = encode_pkt(b"want " + b"1" * 40 + b"\n")
+    v0 = want + FLUSH_PKT + encode_pkt(b"have " + b"2" * 40 + b"\n") * 3 + FLUSH_PKT
+    assert len(parse_v0_request(v0 + b"0005a" * 50, frozenset(), max_pkts=6).haves) == 3
+    with pytest.raises(ClientError) as info:
+        parse_v0_request(v0, frozenset(), max_pkts=5)
+    assert info.value.http_status == 413
+    v2 = encode_pkt(b"command=ls-refs\n") + DELIM_PKT + b"0005a" * 3 + FLUSH_PKT
+    features = V2Features(agent=b"x")
+    assert parse_command_request(v2 + b"0005a" * 50, features, max_pkts=6) is not None
+    with pytest.raises(ClientError) as info:
+        parse_command_request(v2, features, max_pkts=5)
+    assert info.value.http_status == 413

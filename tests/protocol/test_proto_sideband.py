@@ -10,9 +10,13 @@ from gitspout.protocol.sideband import (
     BAND_DATA,
     BAND_ERROR,
     BAND_PROGRESS,
+    MAX_ERROR_TEXT,
     SIDEBAND_64K_MAX_DATA,
     SIDEBAND_MAX_DATA,
+    band_payload,
     encode_band,
+    encode_band_error,
+    encode_err_pkt,
     encode_keepalive,
     iter_band_packets,
     max_band_payload,
@@ -79,3 +83,31 @@ def test_keepalive() -> None:
     ka = encode_keepalive()
     assert ka == b"0005\x01"
     assert decode_pkt(ka) == (Pkt(PktKind.DATA, b"\x01"), 5)
+
+
+# ------------------------------------------------------------------ fatal errors
+
+
+def test_err_pkt_line() -> None:
+    assert encode_err_pkt("upload-pack: not our ref 1111") == (
+        b"0026ERR upload-pack: not our ref 1111\n")
+
+
+def test_err_pkt_line_is_utf8_and_fits_one_packet() -> None:
+    assert encode_err_pkt("caf\u00e9 \udcff") == b"0010ERR caf\xc3\xa9 ?\n"
+    long = encode_err_pkt("x" * 100_000)
+    pkts = list(iter_pkts(long))
+    assert pkts == [Pkt(PktKind.DATA, b"ERR " + b"x" * MAX_ERROR_TEXT + b"\n")]
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_band_error_is_band_3_split_at_the_packet_size(large: bool) -> None:
+    framed = encode_band_error("e" * 3000, max_band_payload(large))
+    pkts = list(iter_pkts(framed))
+    assert all(p.payload[:1] == bytes((BAND_ERROR,)) for p in pkts)
+    assert b"".join(p.payload[1:] for p in pkts) == b"e" * 3000 + b"\n"
+    assert len(pkts) == (1 if large else 4)
+
+
+def test_sideband_all_payload_carries_the_band_byte() -> None:
+    assert band_payload(BAND_DATA, b"packfile\n") == b"\x01packfile\n"

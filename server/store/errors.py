@@ -1,0 +1,38 @@
+"""Storage faults: one base type for everything wrong with a repository's files
+(docs/ARCHITECTURE.md "Errors").
+
+A :class:`StorageError` is never the client's fault. Before the response starts it is
+answered 500; after that, in-band (``ERR`` or side-band 3). The client is told which
+repository failed and ``what`` went wrong in a few words, never a file-system path; the
+log line names the pack (``pack``) and carries the full message.
+
+The subclasses keep the names their modules have always used:
+
+- ``store.odb.ObjectStoreError``: the object store is damaged (a corrupt loose object, a
+  delta chain too long, an object that is not what it should be); ``store.odb.MissingObject``
+  below it.
+- ``store.packs.PackFormatError``: a pack or index file cannot be read (truncated, foreign,
+  an entry whose zlib data is garbage).
+- ``store.bitmaps.BitmapFormatError``, ``store.commitgraph.CommitGraphError``: auxiliary
+  files; their readers fall back (a walk, parsed commits) instead of failing the request.
+"""
+
+from __future__ import annotations
+
+__all__ = ["StorageError"]
+
+
+class StorageError(Exception):
+    """The repository's storage is damaged or unreadable.
+
+    ``pack`` is the file name (``pack-<id>.pack``, no directory) of the pack at fault,
+    when one is known; ``what`` is a short, path-free description for the client.
+    """
+
+    pack: str | None = None
+    what = "storage fault"
+
+    def __init__(self, message: str = "", *, pack: str | None = None) -> None:
+        super().__init__(message)
+        if pack is not None:
+            self.pack = pack
