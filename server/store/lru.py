@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from contextlib import nullcontext
 from typing import Generic, Literal, TypeVar
 
 __all__ = ["ByteLRU", "CacheStats", "all_cache_stats"]
@@ -121,16 +122,10 @@ class ByteLRU(Generic[V]):
 
     def pop(self, key: Hashable) -> None:
         """Forget ``key`` (not counted as an eviction: the caller knows it is stale)."""
-        lock = self._lock
-        if lock is not None:
-            lock.acquire()
-        try:
+        with self._lock or nullcontext():
             old = self._data.pop(key, None)
             if old is not None:
                 self._size -= old[1]
-        finally:
-            if lock is not None:
-                lock.release()
 
     def __contains__(self, key: Hashable) -> bool:
         """Is ``key`` kept? (Not a lookup: neither counted nor made recent.)"""
