@@ -21,7 +21,7 @@ from gitspout.protocol.pktline import DEFAULT_CHUNK_SIZE, FLUSH_PKT, PktBuffer, 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
 from ..graph.reachability import reachable_subset
-from ..store.refs import RefSnapshot
+from ..store.refs import RefSegment, RefSnapshot
 from .context import RequestContext
 
 __all__ = ["SESSION_ID", "v0_capabilities", "v0_advertisement", "v2_features", "v2_capabilities",
@@ -88,18 +88,17 @@ def ls_refs(ctx: RequestContext, req: LsRefsRequest) -> Iterator[bytes]:
     # The snapshot holds only refs under the prefixes: no need to test them again.
     return iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head, refs)
 
-def ls_refs_segmented(ctx: RequestContext, req: LsRefsRequest) -> Segmented | None:
-    """ls-refs by segments of refs: without ref-prefix (with it, the snapshot holds only
-    the refs under the prefixes and :func:`ls_refs` answers whole)."""
-    if req.prefixes:
-        return None
-    snap = ctx.refs
+def ls_refs_segmented(ctx: RequestContext, req: LsRefsRequest) -> Segmented:
+    """ls-refs by segments of refs (with ref-prefix, the segments that hold refs under
+    the prefixes, each filtered)."""
+    snap = ctx.refs_with_prefixes(req.prefixes)
     head = _visible_head(ctx, snap)
     unborn = req.unborn and ctx.config.unborn != "ignore"
-    first = list(iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head, ()))
+    first = list(iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn, req.prefixes),
+                              head, ()))
     plain = LsRefsRequest(req.peel, req.symrefs)
     return Segmented(snap, first, lambda refs: iter_ls_refs(plain, None, refs),
-                     ("ls-refs", req.peel, req.symrefs))
+                     ("ls-refs", req.peel, req.symrefs), req.prefixes)
 
 
 def _visible_head(ctx: RequestContext, snap: RefSnapshot) -> HeadInfo | None:
@@ -118,6 +117,7 @@ class Segmented:
     first: list[bytes]
     refs: Callable[[Iterable[Ref]], Iterable[bytes]]
     key: tuple[object, ...]
+    prefixes: tuple[bytes, ...] = ()  # only refs under these (all when empty)
 
 
 def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[], Iterable[bytes]],
@@ -182,14 +182,22 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
     chunks: list[bytes] = []
     pieces: list[bytes] = [b"".join(head)]
     size = len(pieces[0])
+    prefixes = seg.prefixes
+    pkey = (seg.key, hide, prefixes)
     for segment in seg.snapshot.segments:
-        body = segment.encoded.get(ekey)
+        # A segment wholly under one prefix (sorted: its first and last names are) is
+        # encoded as without prefixes; another one is filtered and kept apart.
+        whole = not prefixes or _under_one(segment, prefixes)
+        k = ekey if whole else pkey
+        body = segment.encoded.get(k)
         if body is None:
             refs: Iterable[Ref] = segment.refs
+            if not whole:
+                refs = [r for r in refs if ref_matches_prefixes(r.name, prefixes)]
             if hide:
                 patterns = list(hide)
-                refs = [r for r in segment.refs if not ref_is_hidden(r.name, patterns)]
-            body = segment.encoded[ekey] = b"".join(map(encode_pkt, seg.refs(refs)))
+                refs = [r for r in refs if not ref_is_hidden(r.name, patterns)]
+            body = segment.encoded[k] = b"".join(map(encode_pkt, seg.refs(refs)))
         if not body:
             continue
         pieces.append(body)
@@ -200,6 +208,14 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
     pieces.append(FLUSH_PKT)
     chunks.append(b"".join(pieces))
     return chunks
+
+
+def _under_one(segment: RefSegment, prefixes: Sequence[bytes]) -> bool:
+    refs = segment.refs
+    if not refs:
+        return True
+    first, last = refs[0].name, refs[-1].name
+    return any(first.startswith(p) and last.startswith(p) for p in prefixes)
 
 
 def _keep(chunks: list[bytes], chunk: bytes | None) -> None:

@@ -107,22 +107,6 @@ class _PackedRefs:
             return seg.segment.refs[i].oid
         return None
 
-    def refs_under(self, prefixes: Sequence[bytes]) -> list[Ref]:
-        """Refs whose names start with one of ``prefixes``, sorted (bisection, not a scan)."""
-        out: dict[bytes, Ref] = {}
-        for p in prefixes:
-            k = self.segment_of(p)
-            while k < len(self.segments):
-                seg = self.segments[k]
-                i = bisect_left(seg.names, p)
-                while i < len(seg.names) and seg.names[i].startswith(p):
-                    out[seg.names[i]] = seg.segment.refs[i]
-                    i += 1
-                if i < len(seg.names):
-                    break
-                k += 1
-        return [out[n] for n in sorted(out)]
-
     def __len__(self) -> int:
         return sum(len(s.names) for s in self.segments)
 
@@ -178,9 +162,16 @@ class RefSnapshot:
     state: tuple[object, ...] = ()
     complete: bool = True  # False when only some ref prefixes were read
     cacheable: bool = False  # every listing it came from was trusted (not racy)
+    # With prefixes, the segments may hold refs outside them too (whole packed segments
+    # are shared): ``refs`` leaves those out, and so must whoever reads ``segments``.
+    prefixes: tuple[bytes, ...] = ()
 
     @cached_property
     def refs(self) -> tuple[Ref, ...]:
+        if self.prefixes:
+            ps = self.prefixes
+            return tuple(r for s in self.segments for r in s.refs
+                         if ref_matches_prefixes(r.name, ps))
         if len(self.segments) == 1:
             return self.segments[0].refs
         return tuple(chain.from_iterable(s.refs for s in self.segments))
@@ -513,13 +504,28 @@ def _merge(base: tuple[Ref, ...], loose: Sequence[tuple[bytes, Ref | None]]) -> 
     return out
 
 
+def _covering(packed: _PackedRefs, prefixes: Sequence[bytes]) -> set[int] | None:
+    """The segments whose name ranges hold names starting with one of ``prefixes`` (a
+    prefix's names are one interval: from it to it followed by 0xff, which no ref name
+    holds since they are UTF-8)."""
+    if not packed.segments:
+        return None
+    out: set[int] = set()
+    for p in prefixes:
+        out.update(range(packed.segment_of(p), packed.segment_of(p + b"\xff") + 1))
+    return out
+
+
 def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
-                 cache: RefCache | None) -> tuple[RefSegment, ...]:
+                 cache: RefCache | None, only: set[int] | None = None) -> tuple[RefSegment, ...]:
     """Every ref, in segments: the packed ones as they are, those with loose refs in
-    their name range merged once per distinct set of loose refs (and then reused)."""
+    their name range merged once per distinct set of loose refs (and then reused).
+    With ``only``, just those segments (loose refs must all fall in them)."""
     bases = [s.segment for s in packed.segments] or [_EMPTY_SEGMENT]
+    if only is not None:
+        bases = [b if k in only else _EMPTY_SEGMENT for k, b in enumerate(bases)]
     if not loose:
-        return tuple(bases)
+        return tuple(b for b in bases if b.refs)
     by_seg: dict[int, list[tuple[bytes, Ref | None]]] = {}
     for name in sorted(loose):
         by_seg.setdefault(packed.segment_of(name) if packed.segments else 0, []).append(
@@ -528,7 +534,8 @@ def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
     for k, base in enumerate(bases):
         mine = by_seg.get(k)
         if mine is None:
-            out.append(base)
+            if base.refs:
+                out.append(base)
             continue
         key = (base, tuple(mine))
         merged = cache.merged.get(key) if cache is not None else None
@@ -548,10 +555,7 @@ def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_
     every = {**targets, **loose} if targets else loose
     head = _read_head(head_raw, every, packed, hex_len)
     resolved = _loose_refs(loose, every, packed, hex_len, peel)
-    if not prefixes:
-        return head, _segments_of(packed, resolved, cache)
-    base = tuple(packed.refs_under(prefixes))
-    return head, _chunked(_merge(base, sorted(resolved.items())) if resolved else list(base))
+    return head, _segments_of(packed, resolved, cache, _covering(packed, prefixes) if prefixes else None)
 
 
 def read_ref_snapshot(
@@ -590,7 +594,8 @@ def read_ref_snapshot(
     head, segments = _build(head_raw, loose, packed, hex_len, peel, prefixes, targets,
                             cache if dirs.enabled else None)
     trusted = dirs.enabled and reader.trusted
-    snap = RefSnapshot(head, segments, hex_len, state, complete=not prefixes, cacheable=trusted)
+    snap = RefSnapshot(head, segments, hex_len, state, complete=not prefixes, cacheable=trusted,
+                       prefixes=tuple(prefixes))
     if trusted:
         cache.snapshots.put(state, snap)
     return snap
