@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -585,8 +586,10 @@ class WriteRow:
         return math.ceil(self.body_bytes / CHUNK) + 4
 
 
-STATES = ("warm", "cold")
-STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)"}
+STATES = ("warm", "cold", "packed", "racy")
+STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)",
+               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s"}
+RACY_PERIOD = 0.5
 
 
 class RefBumper:
@@ -609,13 +612,40 @@ class RefBumper:
         run_git(["--git-dir", str(self.repo), "update-ref", "refs/heads/zz-bench-bump",
                  self.commits[self.n % 2]])
 
+    def repack(self) -> None:
+        """The bump ref moved, then ``git pack-refs --all``: packed-refs is rewritten
+        (one line differs) and no loose ref is left."""
+        self()
+        run_git(["--git-dir", str(self.repo), "pack-refs", "--all"])
+
+    @contextlib.contextmanager
+    def every(self, period: float) -> Iterator[None]:
+        """Move the bump ref every *period* seconds (in a thread) while the block runs:
+        every listing is inside the racy window, nothing is trusted by its stat."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(period):
+                self()
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
 
 def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
              bump: RefBumper) -> set[int]:
-    """Warm-up request, then (cold) change the refs; returns the idle pid set."""
+    """Warm-up request, then (cold, packed) change the refs; returns the idle pid set.
+    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`.)"""
     http_request(srv.port, kind, fx.manyrefs)
     if state == "cold":
         bump()
+    elif state == "packed":
+        bump.repack()
     baseline = set(srv.pids())
     settle(srv, baseline)
     return baseline
@@ -626,7 +656,7 @@ def measure_writes(servers: dict[str, BenchServer], fx: Fixture,
     rows: list[WriteRow] = []
     bump = RefBumper(fx.root / fx.manyrefs)
     bump.remove()
-    for state in STATES:
+    for state in ("warm", "cold"):
         for kind, _label in BIG_REQUESTS:
             for name, srv in servers.items():
                 baseline = _prepare(srv, kind, fx, state, bump)
@@ -649,25 +679,30 @@ class CpuRow:
     state: str = "warm"
 
 
-def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int) -> list[CpuRow]:
-    """Median CPU per request, rounds alternating the servers; warm and cold."""
+def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
+                states: Sequence[str] = STATES) -> list[CpuRow]:
+    """Median CPU per request, rounds alternating the servers, in each of ``states``:
+    warm, cold (a loose ref moved), packed (packed-refs rewritten), racy (a ref moves
+    every 0.5 s while the rounds run)."""
     rows: list[CpuRow] = []
     bump = RefBumper(fx.root / fx.manyrefs)
     bump.remove()
-    for state in STATES:
+    for state in states:
         for kind, _label in BIG_REQUESTS:
             cpu: dict[str, list[float]] = {k: [] for k in servers}
             wall: dict[str, list[float]] = {k: [] for k in servers}
             size: dict[str, int] = {}
-            for _ in range(rounds):
-                for name, srv in servers.items():
-                    baseline = _prepare(srv, kind, fx, state, bump)
-                    srv.reset_counters()
-                    res = http_request(srv.port, kind, fx.manyrefs)
-                    settle(srv, baseline)
-                    cpu[name].append(srv.cpu_ns() / 1e6)
-                    wall[name].append(res.wall_s * 1e3)
-                    size[name] = res.body_bytes
+            racy = bump.every(RACY_PERIOD) if state == "racy" else contextlib.nullcontext()
+            with racy:
+                for _ in range(rounds):
+                    for name, srv in servers.items():
+                        baseline = _prepare(srv, kind, fx, state, bump)
+                        srv.reset_counters()
+                        res = http_request(srv.port, kind, fx.manyrefs)
+                        settle(srv, baseline)
+                        cpu[name].append(srv.cpu_ns() / 1e6)
+                        wall[name].append(res.wall_s * 1e3)
+                        size[name] = res.body_bytes
             rows.append(CpuRow(kind, {k: median(v) for k, v in cpu.items()},
                                {k: median(v) for k, v in wall.items()}, size, state))
     bump.remove()
@@ -756,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
     ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu")
+    ap.add_argument("--states", default=",".join(STATES),
+                    help="ref states of the CPU rows: " + ",".join(STATES))
     ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
                     help="gitspout revision to measure (a frozen copy); 'worktree' for the "
                          "working tree as it is at the start")
@@ -798,7 +835,8 @@ def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
                    "first; cold = a ref changed after it; bound applies to gitspout) ==\n"
                    + write_table(wrows))
     if "cpu" not in skip:
-        crows = measure_cpu(servers, fx, args.rounds)
+        crows = measure_cpu(servers, fx, args.rounds,
+                            [x for x in args.states.split(",") if x])
         out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
                    f"repository, median of {args.rounds} alternating rounds, one identical "
                    "request before each (cold: then a ref changed), no strace ==\n"
