@@ -129,6 +129,14 @@ def pkt(line: str) -> bytes:
     return b"%04x" % (len(data) + 4) + data
 
 
+def ls_refs_all_body() -> bytes:
+    """A v2 ``ls-refs`` of every ref, peeled, with symrefs (``git ls-remote`` sends
+    no ref-prefix)."""
+    return (pkt("command=ls-refs\n") + pkt("agent=git/2.39.5\n")
+            + pkt("object-format=sha1\n") + b"0001" + pkt("peel\n") + pkt("symrefs\n")
+            + b"0000")
+
+
 def ls_refs_body() -> bytes:
     """The v2 ``ls-refs`` request ``git clone`` (2.39) sends."""
     return (pkt("command=ls-refs\n") + pkt("agent=git/2.39.5\n")
@@ -148,16 +156,18 @@ class HttpResult:
 
 def http_request(port: int, kind: str, repo: str, timeout: float = 120.0,
                  conn: http.client.HTTPConnection | None = None) -> HttpResult:
-    """*kind* ``advert-v0`` (GET info/refs), ``advert-v2`` or ``ls-refs`` (v2 POST).
+    """*kind* ``advert-v0`` (GET info/refs), ``advert-v2``, ``ls-refs`` (v2 POST, with
+    the ref-prefixes of ``git clone``) or ``ls-refs-all`` (v2 POST, no prefix).
 
     The body is read completely; its length is returned.  With *conn* the
     request reuses that keep-alive connection."""
     path, method, body = f"/{repo}/info/refs?service=git-upload-pack", "GET", None
     headers = {"User-Agent": "git/2.39.5", "Accept": "*/*", "Pragma": "no-cache"}
-    if kind in ("advert-v2", "ls-refs"):
+    if kind in ("advert-v2", "ls-refs", "ls-refs-all"):
         headers["Git-Protocol"] = "version=2"
-    if kind == "ls-refs":
-        path, method, body = f"/{repo}/git-upload-pack", "POST", ls_refs_body()
+    if kind in ("ls-refs", "ls-refs-all"):
+        body = ls_refs_body() if kind == "ls-refs" else ls_refs_all_body()
+        path, method = f"/{repo}/git-upload-pack", "POST"
         headers["Content-Type"] = "application/x-git-upload-pack-request"
         headers["Accept"] = "application/x-git-upload-pack-result"
     own = conn is None
@@ -556,7 +566,8 @@ def measure_metadata(servers: dict[str, BenchServer], fx: Fixture, protocols: Se
 # ---------------------------------------------------------------------------
 # writes and CPU of big advertisements
 
-BIG_REQUESTS = (("advert-v0", "v0 GET info/refs"), ("ls-refs", "v2 POST ls-refs"))
+BIG_REQUESTS = (("advert-v0", "v0 GET info/refs"), ("ls-refs", "v2 ls-refs, clone's prefixes"),
+                ("ls-refs-all", "v2 ls-refs, no prefix"))
 
 
 @dataclass
