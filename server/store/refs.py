@@ -145,6 +145,7 @@ class RefCache:
 class _LastPacked:
     hex_len: int
     parsed: _PackedRefs
+    key: tuple[object, ...]  # of the packed cache
 
 
 @dataclass(frozen=True)
@@ -368,7 +369,11 @@ class _Reader:
         cached = self.cache.packed.get(key) if self.dirs.enabled else None
         if cached is not None:
             return cached
-        data = self.dirs.file(self.fs, os.path.join(self.gitdir, "packed-refs"), top) or b""
+        # Not through the small-file cache: the parse keeps these bytes (the next version
+        # is diffed against them), and that cache would keep a second copy of every
+        # version of a file of 60 MB at 1M refs.
+        self.dirs.check_links(self.fs, self.gitdir, top, ("packed-refs",))
+        data = self.fs.read_file_or_none(os.path.join(self.gitdir, "packed-refs")) or b""
         last = self.cache.last_packed if self.dirs.enabled else None
         if last is not None and last.hex_len == self.hex_len:
             # Validated by content: whatever the listing's stat says (racy or not), the
@@ -377,7 +382,11 @@ class _Reader:
         else:
             parsed = _parse_packed_refs(data, self.hex_len, peel)
         if self.dirs.enabled:
-            self.cache.last_packed = _LastPacked(self.hex_len, parsed)
+            if last is not None and last.key != key:
+                # One parse held at a time: the trusted entry of an older version would
+                # keep its bytes (60 MB at 1M refs) until the next trusted listing.
+                self.cache.packed.pop(last.key)
+            self.cache.last_packed = _LastPacked(self.hex_len, parsed, key)
             if top.trusted:
                 self.cache.packed.put(key, parsed)
         return parsed
