@@ -81,6 +81,20 @@ class Config:
                           "is closed, or the new one refused if none is idle"},
     )
 
+    # Open files and memory (docs/ARCHITECTURE.md, "Open files").
+    max_open_packs: int = field(
+        default=256,
+        metadata={"help": "descriptors and maps of pack, idx and commit-graph files kept "
+                          "open across repositories (least recently used closed first; a "
+                          "file a request is reading is never closed under it)"},
+    )
+    sweep_interval: float = field(
+        default=10.0,
+        metadata={"help": "seconds between checks that the open packs are still on disk "
+                          "(packs replaced in a repository nobody asks for are closed at the "
+                          "next check); 0 turns it off"},
+    )
+
     def root_path(self) -> Path:
         return Path(self.root).resolve()
 
@@ -172,6 +186,10 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
     if cfg.body_min_rate < 0:
         raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.max_open_packs < 2:
+        raise ConfigError("max_open_packs must be at least 2 (one pack and its index)")
+    if not math.isfinite(cfg.sweep_interval) or cfg.sweep_interval < 0:
+        raise ConfigError("sweep_interval must be a number of seconds, 0 or more (0 turns it off)")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -167,10 +167,13 @@ class Selection:
     def count(self) -> int:
         return sum(len(p.order) for p in self.plans) + len(self.loose)
 
-    def fresh(self) -> Selection:
-        """A copy safe to send from (plans record output offsets while copying)."""
-        return Selection([PackPlan(p.pack, p.order, p.selected) for p in self.plans],
-                         list(self.loose))
+    def fresh(self, packs: Iterable[PackFile] = ()) -> Selection:
+        """A copy safe to send from (plans record output offsets while copying), reading
+        from ``packs`` (the request's leased packs, by key) rather than from the objects a
+        cached selection was made with, which may be closed since (store/registry.py)."""
+        now = {p.key: p for p in packs}
+        return Selection([PackPlan(now.get(p.pack.key, p.pack), p.order, p.selected)
+                          for p in self.plans], list(self.loose))
 
 
 def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],

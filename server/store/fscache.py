@@ -111,6 +111,16 @@ class DirCache:
         with self._lock:
             self._dirs.pop(path, None)
 
+    def forget_under(self, top: str) -> None:
+        """Forget the listings and files of ``top`` and everything below it (a repository
+        that went away)."""
+        inside = top.rstrip("/") + "/"
+        with self._lock:
+            for path in [p for p in self._dirs if p == top or p.startswith(inside)]:
+                del self._dirs[path]
+            for key in [k for k in self._files if k[0].startswith(inside)]:
+                del self._files[key]
+
     def is_trusted(self, path: str) -> bool:
         listing = self._dirs.get(path)
         return listing is not None and listing.trusted

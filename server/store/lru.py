@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["ByteLRU"]
@@ -45,6 +45,14 @@ class ByteLRU(Generic[V]):
             while self._size > self.budget and self._data:
                 _, (_, c) = self._data.popitem(last=False)
                 self._size -= c
+
+    def drop_where(self, stale: Callable[[Hashable], bool]) -> int:
+        """Forget every key ``stale`` accepts (a pack that is gone): not an eviction."""
+        with self._lock:
+            keys = [k for k in self._data if stale(k)]
+            for k in keys:
+                self._size -= self._data.pop(k)[1]
+        return len(keys)
 
     def clear(self) -> None:
         with self._lock:

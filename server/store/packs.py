@@ -7,6 +7,7 @@ index (entry boundaries) and bitmaps lazily, once. It is safe to share between t
 
 from __future__ import annotations
 
+import errno
 import heapq
 import mmap
 import os
@@ -117,19 +118,39 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
     return bytes(out)
 
 
+def _replaced(path: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
+
+
 class PackFile:
-    """A ``pack-*.pack`` with its v2 ``.idx``. ``key`` identifies it across rescans."""
+    """A ``pack-*.pack`` with its v2 ``.idx``. ``key`` identifies it across rescans:
+    (pack directory, stem, idx inode, pack inode). The files opened must be the ones the
+    listing named: a different inode (a repack replaced them since) raises
+    FileNotFoundError, as a file already gone does (ARCHITECTURE.md I1).
+
+    The :class:`~.registry.PackRegistry` owns its life: ``leases`` counts the requests
+    that froze it, and it is closed only when none does (``retired`` once its directory
+    stopped listing it; or to stay within ``--max-open-packs``)."""
+
+    HANDLES = 2  # the .pack descriptor and the .idx map
 
     def __init__(self, base: str, hash_len: int, key: tuple[object, ...]) -> None:
         self.base = base
         self.name = os.path.basename(base)
         self.hash_len = hash_len
         self.key = key
+        self.leases = 0  # guarded by the registry's lock
+        self.retired = False
+        self.handles = self.HANDLES
         self._lock = threading.Lock()
-        self._idx = self._map_index(base + ".idx")
+        want_idx, want_pack = (key[2], key[3]) if len(key) == 4 else (None, None)
+        self._idx = self._map_index(base + ".idx", want_idx)
         self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.pack_size = os.fstat(self.fd).st_size
+            st = os.fstat(self.fd)
+            if want_pack is not None and st.st_ino != want_pack:
+                raise _replaced(base + ".pack")
+            self.pack_size = st.st_size
             self._check_pack_header()
         except BaseException:
             # -1 first: __del__ must not close the number again, once another file has it.
@@ -145,8 +166,10 @@ class PackFile:
 
     # -- index ----------------------------------------------------------------
 
-    def _map_index(self, path: str) -> mmap.mmap:
+    def _map_index(self, path: str, inode: object = None) -> mmap.mmap:
         with open(path, "rb") as fh:
+            if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
+                raise _replaced(path)
             idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if len(idx) < 8 + 1024 + 2 * self.hash_len:
             idx.close()
@@ -185,12 +208,22 @@ class PackFile:
         return PackFormatError(f"{name}: {detail}", pack=self.name + ".pack")
 
     def close(self) -> None:
-        """Release the descriptors (also done when the object is collected)."""
+        """Release the descriptor and the map. Only the registry calls this, once no
+        request holds a lease (``__del__`` is a last resort for packs opened outside one)."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
         if not self._idx.closed:
             self._idx.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def files(self) -> tuple[tuple[str, object], ...]:
+        """(path, inode) of the files this object holds open, for the registry's sweep."""
+        idx_ino, pack_ino = (self.key[2], self.key[3]) if len(self.key) == 4 else (None, None)
+        return ((self.base + ".idx", idx_ino), (self.base + ".pack", pack_ino))
 
     def __del__(self) -> None:
         try:

@@ -196,10 +196,16 @@ class RepoResolver:
         self._by_url: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def forget(self, url_path: str) -> None:
-        """Drop a cached resolution (the repository went away)."""
+    def forget(self, url_path: str) -> Repo | None:
+        """Drop a cached resolution (the repository went away): every URL path that led
+        to the same directory, and the :class:`Repo` with its caches, which is returned."""
         with self._lock:
-            self._by_url.pop("/".join(p for p in url_path.split("/") if p), None)
+            real = self._by_url.pop("/".join(p for p in url_path.split("/") if p), None)
+            if real is None:
+                return None
+            for url in [u for u, r in self._by_url.items() if r == real]:
+                del self._by_url[url]
+            return self._repos.pop(real, None)
 
     def _candidates(self, parts: list[str]) -> list[str]:
         rel = os.path.join(self.root, *parts) if parts else self.root
