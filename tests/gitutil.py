@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,3 +216,37 @@ def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str],
 def copy_repo(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def open_files(pid: int) -> list[str]:
+    """What the descriptors of process ``pid`` point at (the symlinks in /proc/PID/fd)."""
+    out = []
+    fd_dir = f"/proc/{pid}/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            out.append(os.readlink(os.path.join(fd_dir, name)))
+        except OSError:
+            continue  # closed meanwhile
+    return out
+
+
+def deleted_files(pid: int, under: str | os.PathLike[str] = "/") -> list[str]:
+    """Files of process ``pid`` under ``under`` that are held open (a descriptor) or mapped
+    although they were deleted: what keeps a replaced pack's space from being freed."""
+    top = os.fspath(under).rstrip("/") + "/"
+    held = [f"fd {t}" for t in open_files(pid) if t.endswith(" (deleted)")]
+    with open(f"/proc/{pid}/maps") as fh:
+        held += sorted({"map " + line.split(None, 5)[5].strip() for line in fh
+                        if line.rstrip().endswith(" (deleted)") and len(line.split(None, 5)) == 6})
+    return [h for h in held if h.split(" ", 1)[1].startswith(top)]
+
+
+def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
+    """Poll ``check`` until it returns True or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)
