@@ -102,6 +102,7 @@ class ServerState:
         caches["objects"] = state.registry.objects
         caches["object_sets"] = state.registry.reach_cache
         caches["advertisements"] = state.registry.encoded_stats
+        state.metrics.open_files.source = state.registry
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:

@@ -171,6 +171,41 @@ class _CacheCollector:
         yield fam
 
 
+class _OpenFilesCollector:
+    """``gitspout_open_files*``: pack and commit-graph descriptors and maps held open
+    across requests (store/registry.py), against ``--max-open-packs``, and why files were
+    closed. ``source`` is the PackRegistry, set by the server."""
+
+    def __init__(self) -> None:
+        self.source: Any = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        reg = self.source
+        if reg is None:
+            return
+        for name, doc, value in (
+            ("gitspout_open_files", "Descriptors and maps of pack, idx and commit-graph "
+             "files held open now.", reg.handles),
+            ("gitspout_open_files_limit", "The --max-open-packs budget.", reg.max_open),
+            ("gitspout_open_files_leased", "Packs and commit-graphs held open, leased by "
+             "requests or idle.", reg.open_files),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+        closed = CounterMetricFamily(
+            "gitspout_open_files_closed", "Packs and commit-graphs closed: evicted (least "
+            "recently used, to stay within --max-open-packs) or released (gone from disk, "
+            "once no request held them).", labels=["reason"])
+        closed.add_metric(["evicted"], reg.evicted)
+        closed.add_metric(["released"], reg.released)
+        yield closed
+        opened = CounterMetricFamily("gitspout_open_files_opened",
+                                     "Packs and commit-graphs opened (again, after eviction).")
+        opened.add_metric([], reg.opened)
+        yield opened
+
+
 class Metrics:
     """The registry and every metric of one server process."""
 
@@ -223,6 +258,8 @@ class Metrics:
                                buckets=HAVES_BUCKETS, registry=r)
         self.caches = _CacheCollector()
         r.register(self.caches)
+        self.open_files = _OpenFilesCollector()
+        r.register(self.open_files)
         self.repo_requests = Counter("gitspout_repo_requests",
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)

@@ -10,6 +10,8 @@ and gives them back when the request ends. The registry closes a file
   go at once, so no ``(deleted)`` file stays open and no NFS silly-rename file stays behind;
 - when more than ``max_open`` descriptors and maps are open: the least recently used file
   that no request holds is closed, and opened again (its inodes checked) when next needed.
+  A pack costs two (its descriptor, its index map), a commit-graph one; each map is one
+  descriptor too (Python's mmap keeps a duplicate), so ``max_open`` bounds both.
 
 A file leased by a request is never closed under it; the budget may be exceeded while
 requests hold more than it allows.
