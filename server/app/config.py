@@ -81,7 +81,7 @@ class Config:
                           "is closed, or the new one refused if none is idle"},
     )
 
-    # Open files and memory (docs/ARCHITECTURE.md, "Open files").
+    # Open files and memory (docs/ARCHITECTURE.md I1; README.md "Open files").
     max_open_packs: int = field(
         default=256,
         metadata={"help": "descriptors and maps of pack, idx and commit-graph files kept "

@@ -1,7 +1,7 @@
 """Process-wide state of the object layer: every open pack and commit-graph, and the caches
 of immutable facts (resolved objects, peeled tags, object sets, loose fan-out listings).
 
-Open files are leased (docs/ARCHITECTURE.md I1, "Open files"). Each request's
+Open files are leased (docs/ARCHITECTURE.md I1; README.md "Open files"). Each request's
 :class:`~.odb.ObjectSnapshot` takes a lease on every pack (and the commit-graph) it froze
 and gives them back when the request ends. The registry closes a file
 

@@ -1,4 +1,5 @@
-"""A fleet of small repositories under tight budgets (docs/ARCHITECTURE.md "Open files").
+"""A fleet of small repositories under tight budgets (docs/ARCHITECTURE.md I1; README.md,
+"Open files").
 
 320 bitmapped repositories (one template built with git, then copied under other names),
 each cloned once with the real git client and fsck'ed, against one gitspout started with
