@@ -30,6 +30,7 @@ from ..core.upload import FetchPlan, RequestContext, plan_fetch
 from ..packgen.packplan import iter_pack
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
+from ..store.lru import MEMORY
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
@@ -103,6 +104,8 @@ class ServerState:
         caches["object_sets"] = state.registry.reach_cache
         caches["advertisements"] = state.registry.encoded_stats
         state.metrics.open_files.source = state.registry
+        MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
+        state.metrics.caches.budget = MEMORY
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:

@@ -161,14 +161,43 @@ class _CacheCollector:
 
     def __init__(self) -> None:
         self.sources: dict[str, Any] = {}
+        self.budget: Any = None  # store/lru.py MemoryBudget (--cache-memory)
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         fam = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
                                   labels=["cache", "result"])
         for name, obj in self.sources.items():
             fam.add_metric([name, "hit"], getattr(obj, "hits", 0))
             fam.add_metric([name, "miss"], getattr(obj, "misses", 0))
         yield fam
+        budget = self.budget
+        if budget is None:
+            return
+        held: dict[str, int] = {}
+        evicted: dict[str, int] = {}
+        for cache in budget.caches():
+            name = cache.name or "other"
+            held[name] = held.get(name, 0) + cache.size
+            evicted[name] = evicted.get(name, 0) + cache.evictions
+        size = GaugeMetricFamily("gitspout_cache_bytes",
+                                 "Bytes held by the cross-request caches, by cache.",
+                                 labels=["cache"])
+        ev = CounterMetricFamily("gitspout_cache_evictions",
+                                 "Values evicted from the cross-request caches (by their own "
+                                 "cap or by --cache-memory), by cache.", labels=["cache"])
+        for name in sorted(held):
+            size.add_metric([name], held[name])
+            ev.add_metric([name], evicted[name])
+        yield size
+        yield ev
+        for name, doc, value in (
+            ("gitspout_cache_memory_bytes", "Bytes held by all cross-request caches.",
+             budget.total),
+            ("gitspout_cache_memory_limit_bytes", "The --cache-memory budget.", budget.limit),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
 
 
 class _OpenFilesCollector:

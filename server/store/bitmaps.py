@@ -144,15 +144,16 @@ class PackBitmaps:
 
 
 def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
-    """The pack's bitmaps, read once and cached on the pack; None without a usable file."""
-    cached = pack.extra.get("bitmaps", False)
-    if cached is not False:
-        return cached  # type: ignore[return-value]
-    result: PackBitmaps | None = None
-    try:
-        with open(pack.base + ".bitmap", "rb") as fh:
-            result = PackBitmaps(pack, fh.read())
-    except (FileNotFoundError, BitmapFormatError, struct.error):
-        result = None
-    pack.extra["bitmaps"] = result
+    """The pack's bitmaps, read once and kept with the pack's other derived data (within
+    --cache-memory); None without a usable file."""
+    def compute() -> tuple[PackBitmaps | None, int]:
+        try:
+            with open(pack.base + ".bitmap", "rb") as fh:
+                data = fh.read()
+            # The file, and up to 64 decoded bitmaps of count bits each.
+            return PackBitmaps(pack, data), len(data) + 8 * pack.count
+        except (FileNotFoundError, BitmapFormatError, struct.error):
+            return None, 0
+
+    result: PackBitmaps | None = pack.derived("bitmaps", compute)
     return result

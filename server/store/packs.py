@@ -17,9 +17,12 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import StorageError
+from .lru import ByteLRU
 
 __all__ = [
     "PackFile",
@@ -142,7 +145,13 @@ class PackFile:
         self.leases = 0  # guarded by the registry's lock
         self.retired = False
         self.handles = self.HANDLES
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        # Data computed from the files (name prefixes, reverse index, base ranks, bitmaps):
+        # kept in ``extra`` while the cache below keeps it too (--cache-memory), which
+        # tells the registry when to forget it; ``unkept`` is what the cache refused (too
+        # large for it), forgotten once no request holds the pack.
+        self.data_cache: ByteLRU[tuple[object]] | None = None
+        self.unkept: set[str] = set()
         want_idx, want_pack = (key[2], key[3]) if len(key) == 4 else (None, None)
         self._idx = self._map_index(base + ".idx", want_idx)
         self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
@@ -231,21 +240,60 @@ class PackFile:
         except (OSError, AttributeError, ValueError):
             pass
 
+    # -- derived data ------------------------------------------------------------
+
+    def derived(self, kind: str, compute: Callable[[], tuple[Any, int]]) -> Any:
+        """The data ``kind`` computed from this pack: from ``extra``, else from the shared
+        cache (kept there by an earlier PackFile of the same key), else ``compute()``
+        (value, cost in bytes), once."""
+        if kind in self.extra:
+            return self.extra[kind]
+        cache = self.data_cache
+        if cache is not None:
+            hit = cache.get((self.key, kind))
+            if hit is not None:
+                self.extra[kind] = hit[0]
+                return hit[0]
+        with self._lock:
+            if kind in self.extra:
+                return self.extra[kind]
+            value, cost = compute()
+            self.extra[kind] = value
+        if cache is None or not cache.put((self.key, kind), (value,), cost + 200):
+            self.unkept.add(kind)
+        return value
+
+    def forget_derived(self, kind: str) -> None:
+        """The cache let ``kind`` go: a later use computes it again (a request using it
+        now keeps its own reference)."""
+        self.extra.pop(kind, None)
+        if kind == "prefixes":
+            self._prefixes = None
+        elif kind == "reverse":
+            self._sorted_offsets = self._pack_order = self._rank_of = None
+
+    def drop_unkept(self) -> None:
+        for kind in list(self.unkept):
+            self.forget_derived(kind)
+        self.unkept.clear()
+
     def _load_prefixes(self) -> array:
         """The first 4 bytes of every name as integers, for C-speed bisection. Taken as a
         strided view of the mapped index, so no per-object Python step and no copy of the
         whole name table."""
-        with self._lock:
-            if self._prefixes is None:
-                h, base, n = self.hash_len, self._names_at, self.count
-                words = memoryview(self._idx)[base : base + n * h].cast("I")
-                prefixes = array("I")
-                prefixes.frombytes(words[:: h // 4].tobytes())
-                words.release()
-                if sys.byteorder == "little":
-                    prefixes.byteswap()
-                self._prefixes = prefixes
-        return self._prefixes
+        def compute() -> tuple[array, int]:
+            h, base, n = self.hash_len, self._names_at, self.count
+            words = memoryview(self._idx)[base : base + n * h].cast("I")
+            prefixes = array("I")
+            prefixes.frombytes(words[:: h // 4].tobytes())
+            words.release()
+            if sys.byteorder == "little":
+                prefixes.byteswap()
+            return prefixes, 4 * n
+
+        prefixes: array = self.derived("prefixes", compute)
+        self._prefixes = prefixes
+        return prefixes
 
     def find(self, oid: bytes) -> int:
         """Index position of binary ``oid``, or -1."""
@@ -326,52 +374,57 @@ class PackFile:
         return order
 
     def _load_reverse(self) -> None:
-        with self._lock:
-            if self._sorted_offsets is not None:
-                return
-            offsets = self._all_offsets()
-            order = self._read_rev_file()
-            if order is None:
-                order = self._sort_by_offset(offsets)
-            sorted_offsets = array("Q", map(offsets.__getitem__, order))
-            sorted_offsets.append(self.pack_size - self.hash_len)
-            del offsets
-            inverse = array("I", bytes(4 * self.count))
-            for rank, pos in enumerate(order):
-                inverse[pos] = rank
-            self._pack_order = order
-            self._rank_of = inverse
-            self._sorted_offsets = sorted_offsets
+        order, inverse, sorted_offsets = self.derived("reverse", self._compute_reverse)
+        self._pack_order = order
+        self._rank_of = inverse
+        self._sorted_offsets = sorted_offsets
+
+    def _compute_reverse(self) -> tuple[tuple[array, array, array], int]:
+        offsets = self._all_offsets()
+        order = self._read_rev_file()
+        if order is None:
+            order = self._sort_by_offset(offsets)
+        sorted_offsets = array("Q", map(offsets.__getitem__, order))
+        sorted_offsets.append(self.pack_size - self.hash_len)
+        del offsets
+        inverse = array("I", bytes(4 * self.count))
+        for rank, pos in enumerate(order):
+            inverse[pos] = rank
+        return (order, inverse, sorted_offsets), 16 * self.count
 
     def rank_of_index_pos(self, pos: int) -> int:
         """Pack-order rank of the object at index position ``pos``."""
-        if self._rank_of is None:
+        rank_of = self._rank_of
+        if rank_of is None:
+            rank_of = self.derived("reverse", self._compute_reverse)[1]
             self._load_reverse()
-        assert self._rank_of is not None
-        return self._rank_of[pos]
+        return rank_of[pos]  # type: ignore[no-any-return]
 
     @property
     def sorted_offsets(self) -> array:
         """Entry offsets in pack order, plus the trailer's offset as a sentinel."""
-        if self._sorted_offsets is None:
+        offs = self._sorted_offsets
+        if offs is None:
+            offs = self.derived("reverse", self._compute_reverse)[2]
             self._load_reverse()
-        assert self._sorted_offsets is not None
-        return self._sorted_offsets
+        return offs
 
     @property
     def pack_order(self) -> array:
         """``pack_order[i]`` is the index position of the i-th entry in pack order."""
-        if self._pack_order is None:
+        order = self._pack_order
+        if order is None:
+            order = self.derived("reverse", self._compute_reverse)[0]
             self._load_reverse()
-        assert self._pack_order is not None
-        return self._pack_order
+        return order
 
     def base_ranks(self) -> array:
         """Per pack-order rank: the rank itself for whole objects, the base's rank for
         OFS_DELTA, -1 for REF_DELTA. Computed once per pack (one sequential read)."""
-        cached = self.extra.get("base_ranks")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
+        ranks: array = self.derived("base_ranks", self._compute_base_ranks)
+        return ranks
+
+    def _compute_base_ranks(self) -> tuple[array, int]:
         offs = self.sorted_offsets
         n = self.count
         out = array("i", bytes(4 * n))
@@ -391,8 +444,7 @@ class PackFile:
             else:
                 out[rank] = rank
         del pos
-        self.extra["base_ranks"] = out
-        return out
+        return out, 4 * n
 
     # -- entries ----------------------------------------------------------------
 

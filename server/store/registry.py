@@ -33,6 +33,8 @@ from .packs import PackFile
 __all__ = ["PackRegistry", "HitCounter", "Leased", "DEFAULT_MAX_OPEN"]
 
 DEFAULT_MAX_OPEN = 256  # descriptors and maps; leaves most of ulimit -n 1024 to sockets
+# Per-cache caps; all of them together are held within --cache-memory (lru.MEMORY).
+PACK_DATA_BUDGET = 1 << 40  # derived data of packs: bounded by --cache-memory alone
 
 
 class Leased(Protocol):
@@ -71,9 +73,12 @@ class PackRegistry:
         self.opened = 0
         self.evicted = 0  # closed to stay within max_open
         self.released = 0  # closed because their directory no longer lists them
-        self.objects = ByteLRU[tuple[int, bytes]](cache_budget)
+        self.objects = ByteLRU[tuple[int, bytes]](cache_budget, "objects")
+        # (pack key, kind) -> (data,): name prefixes, reverse index, base ranks, bitmaps
+        self.pack_data = ByteLRU[tuple[object]](PACK_DATA_BUDGET, "pack_indexes",
+                                                on_evict=self._pack_data_evicted)
         self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
-        self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20)  # object sets of wants
+        self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20, "object_sets")  # of wants
         self.fanout_ids: dict[tuple[str, str], tuple[object, frozenset[bytes]]] = {}
         # (objects dir, alternates file content) -> ((line, real path), ...)
         self.alternates: dict[tuple[str, bytes], tuple[tuple[str, str], ...]] = {}
@@ -84,9 +89,21 @@ class PackRegistry:
     def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:
         """The pack ``key`` names, open and leased: give it back with :meth:`release`.
         Raises FileNotFoundError when its files are gone or replaced since listed."""
-        pack = self._acquire(key, lambda: PackFile(base, hash_len, key), fs, 2)
+        pack = self._acquire(key, lambda: self._new_pack(base, hash_len, key), fs, 2)
         assert isinstance(pack, PackFile)
         return pack
+
+    def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...]) -> PackFile:
+        pack = PackFile(base, hash_len, key)
+        pack.data_cache = self.pack_data
+        return pack
+
+    def _pack_data_evicted(self, key: object, _value: object) -> None:
+        """The memory budget let a pack's derived data go: the open PackFile forgets it."""
+        assert isinstance(key, tuple)
+        pack = self._open.get(key[0])
+        if isinstance(pack, PackFile):
+            pack.forget_derived(key[1])
 
     def commit_graph(self, objects_dir: str, hash_len: int, inode: int,
                      fs: FsOps) -> CommitGraph | None:
@@ -160,6 +177,8 @@ class PackRegistry:
         done = []
         for item in items:
             item.leases -= 1
+            if item.leases == 0 and isinstance(item, PackFile) and item.unkept:
+                item.drop_unkept()  # too large for the memory budget: not kept idle
             if item.leases == 0 and self._retired.pop(id(item), None) is not None:
                 self.handles -= item.handles
                 self.released += 1
@@ -193,6 +212,7 @@ class PackRegistry:
         def mentions(k: object) -> bool:
             return isinstance(k, tuple) and key in k
         self.objects.drop_where(mentions)
+        self.pack_data.drop_where(mentions)
         self.reach_cache.drop_where(mentions)
 
     # -- retiring ----------------------------------------------------------------
