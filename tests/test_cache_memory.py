@@ -11,8 +11,8 @@ from gitspout.server.store.lru import ByteLRU, MemoryBudget
 
 def test_budget_evicts_from_the_least_recently_used_cache() -> None:
     budget = MemoryBudget(1000)
-    a = ByteLRU[bytes](10_000, "a", parent=budget)
-    b = ByteLRU[bytes](10_000, "b", parent=budget)
+    a = ByteLRU[bytes]("a", 10_000, parent=budget)
+    b = ByteLRU[bytes]("b", 10_000, parent=budget)
     for i in range(4):
         a.put(i, b"x", 100)
     for i in range(4):
@@ -22,14 +22,14 @@ def test_budget_evicts_from_the_least_recently_used_cache() -> None:
     for i in range(4, 7):
         b.put(i, b"z", 100)
     assert budget.total <= 1000 and a.size + b.size == budget.total
-    assert len(b) == 7 and len(a) == 3 and a.evictions == budget.evictions == 1
+    assert len(b) == 7 and len(a) == 3 and budget.evictions == 1
     assert 0 not in a and 3 in a  # within a cache, least recently used first
 
 
 def test_budget_prefers_idle_caches() -> None:
     budget = MemoryBudget(1000)
-    idle = ByteLRU[bytes](10_000, "idle", parent=budget)
-    busy = ByteLRU[bytes](10_000, "busy", parent=budget)
+    idle = ByteLRU[bytes]("idle", 10_000, parent=budget)
+    busy = ByteLRU[bytes]("busy", 10_000, parent=budget)
     for i in range(5):
         idle.put(i, b"x", 100)
     for i in range(10):
@@ -42,7 +42,7 @@ def test_budget_prefers_idle_caches() -> None:
 def test_on_evict_and_refusal_of_large_values() -> None:
     budget = MemoryBudget(800)
     gone: list[object] = []
-    c = ByteLRU[bytes](10_000, "c", parent=budget, on_evict=lambda k, v: gone.append(k))
+    c = ByteLRU[bytes]("c", 10_000, parent=budget, on_evict=lambda k, v: gone.append(k))
     assert not c.put("big", b"", 101)  # more than an eighth of the shared budget
     for i in range(10):
         assert c.put(i, b"", 100)
@@ -54,11 +54,11 @@ def test_on_evict_and_refusal_of_large_values() -> None:
 
 def test_a_collected_cache_gives_its_bytes_back() -> None:
     budget = MemoryBudget(10_000)
-    c = ByteLRU[bytes](10_000, "tmp", parent=budget)
+    c = ByteLRU[bytes]("tmp", 10_000, parent=budget)
     c.put(1, b"", 500)
     del c
     gc.collect()
-    ByteLRU[bytes](10_000, "other", parent=budget).put(1, b"", 1)
+    ByteLRU[bytes]("other", 10_000, parent=budget).put(1, b"", 1)
     assert budget.total == 1
 
 

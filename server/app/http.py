@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -50,6 +50,7 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
+from .pool import WorkPool
 from .stream import PktSection, PktWriter, pump_pack
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
@@ -72,7 +73,7 @@ class ServerState:
     cfg: Config
     resolver: RepoResolver
     registry: PackRegistry
-    executor: ThreadPoolExecutor
+    pool: WorkPool
     dirs: DirCache
     metrics: Metrics
     body_limits: BodyLimits
@@ -86,23 +87,18 @@ class ServerState:
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
-        pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="gitspout")
+        pool = WorkPool(cfg.threads)
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
         state = cls(
             cfg,
-            RepoResolver(root, cfg.cross_request_cache, allow),
+            RepoResolver(root, allow),
             PackRegistry(max_open=cfg.max_open_packs),
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
             BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
-        caches = state.metrics.caches.sources
-        caches["listings"] = state.dirs
-        caches["objects"] = state.registry.objects
-        caches["object_sets"] = state.registry.reach_cache
-        caches["advertisements"] = state.registry.encoded_stats
         state.metrics.open_files.source = state.registry
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
@@ -114,12 +110,8 @@ class ServerState:
             return await self.run(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        pool = self.metrics._pool
-        pool.busy += 1
-        try:
-            return await asyncio.wrap_future(_Held(_REQUEST.get()).submit(self.executor, fn, *args))
-        finally:
-            pool.busy -= 1
+        """Blocking work, in the pool; it holds the request's leases while it runs."""
+        return await asyncio.wrap_future(_Held(_REQUEST.get()).submit(self.pool, fn, *args))
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
@@ -143,13 +135,13 @@ class ServerState:
         while interval > 0:
             await asyncio.sleep(interval)
             try:
-                await asyncio.get_running_loop().run_in_executor(self.executor, self.registry.sweep)
+                await asyncio.get_running_loop().run_in_executor(self.pool, self.registry.sweep)
             except RuntimeError:  # the pool is shutting down
                 return
 
     def executor_for(self, ctx: RequestContext) -> Executor:
         """The pool, as seen by work for ``ctx`` (pack streaming): each job holds ctx."""
-        return _HeldExecutor(self.executor, ctx)
+        return _HeldExecutor(self.pool, ctx)
 
 
 _REQUEST: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
@@ -528,4 +520,4 @@ async def _start_sweeper(state: ServerState) -> None:
 async def _shutdown(state: ServerState) -> None:
     if state.sweeper is not None:
         state.sweeper.cancel()
-    state.executor.shutdown(wait=False, cancel_futures=True)
+    state.pool.shutdown(wait=False, cancel_futures=True)

@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..store.lru import all_cache_stats
+from .pool import WorkPool
 
 __all__ = ["Metrics", "RequestRecord", "ConnectionStats", "CONTENT_TYPE", "TIMEOUT_KINDS"]
 
@@ -85,25 +87,21 @@ class _ProcIoCollector:
 
 
 class _PoolCollector:
-    """Size, busy threads and queue of the blocking-work thread pool."""
+    """Size, busy threads and queue of the blocking-work thread pool (``pool.py``)."""
 
-    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(self, pool: WorkPool | None) -> None:
         self.pool = pool
-        self.busy = 0  # maintained by the server around each submitted call
-        self.submitted = 0
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        if self.pool is None:
+        pool = self.pool
+        if pool is None:
             return
-        size = self.pool._max_workers
-        busy = min(self.busy, size)
         for name, doc, value in (
-            ("gitspout_thread_pool_size", "Configured threads of the pool.", size),
-            ("gitspout_thread_pool_busy", "Pool threads running blocking work.", busy),
+            ("gitspout_thread_pool_size", "Configured threads of the pool.", pool.size),
+            ("gitspout_thread_pool_busy", "Pool threads running blocking work.", pool.busy),
             ("gitspout_thread_pool_queue_length", "Work items waiting for a pool thread.",
-             max(0, self.busy - size)),
-            ("gitspout_thread_pool_threads", "Pool threads started so far.",
-             len(self.pool._threads)),
+             pool.queued),
+            ("gitspout_thread_pool_threads", "Pool threads started so far.", pool.threads),
         ):
             fam = GaugeMetricFamily(name, doc)
             fam.add_metric([], value)
@@ -157,41 +155,39 @@ class _ConnectionCollector:
 
 
 class _CacheCollector:
-    """Hits and misses of the process-wide caches, read at scrape time."""
+    """Lookups and evictions of every cache, by cache name (store/lru.py counts them over
+    all instances of a name: each repository's, each request's), and the bytes the caches
+    shared across requests hold within --cache-memory, read at scrape time."""
 
     def __init__(self) -> None:
-        self.sources: dict[str, Any] = {}
         self.budget: Any = None  # store/lru.py MemoryBudget (--cache-memory)
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
-        fam = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
-                                  labels=["cache", "result"])
-        for name, obj in self.sources.items():
-            fam.add_metric([name, "hit"], getattr(obj, "hits", 0))
-            fam.add_metric([name, "miss"], getattr(obj, "misses", 0))
-        yield fam
+        lookups = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
+                                      labels=["cache", "result"])
+        evictions = CounterMetricFamily("gitspout_cache_evictions",
+                                        "Values dropped to stay within a cache's budget or "
+                                        "within --cache-memory.", labels=["cache"])
+        for stats in all_cache_stats():
+            lookups.add_metric([stats.name, "hit"], stats.hits)
+            lookups.add_metric([stats.name, "miss"], stats.misses)
+            evictions.add_metric([stats.name], stats.evictions)
+        yield lookups
+        yield evictions
         budget = self.budget
         if budget is None:
             return
         held: dict[str, int] = {}
-        evicted: dict[str, int] = {}
         for cache in budget.caches():
-            name = cache.name or "other"
-            held[name] = held.get(name, 0) + cache.size
-            evicted[name] = evicted.get(name, 0) + cache.evictions
+            held[cache.name] = held.get(cache.name, 0) + cache.held
         size = GaugeMetricFamily("gitspout_cache_bytes",
-                                 "Bytes held by the cross-request caches, by cache.",
+                                 "Bytes held by the caches shared across requests, by cache.",
                                  labels=["cache"])
-        ev = CounterMetricFamily("gitspout_cache_evictions",
-                                 "Values evicted from the cross-request caches (by their own "
-                                 "cap or by --cache-memory), by cache.", labels=["cache"])
         for name in sorted(held):
             size.add_metric([name], held[name])
-            ev.add_metric([name], evicted[name])
         yield size
-        yield ev
         for name, doc, value in (
-            ("gitspout_cache_memory_bytes", "Bytes held by all cross-request caches.",
+            ("gitspout_cache_memory_bytes", "Bytes held by all caches shared across requests.",
              budget.total),
             ("gitspout_cache_memory_limit_bytes", "The --cache-memory budget.", budget.limit),
         ):
@@ -238,14 +234,13 @@ class _OpenFilesCollector:
 class Metrics:
     """The registry and every metric of one server process."""
 
-    def __init__(self, repos_allowlist: Iterable[str] = (), pool: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, repos_allowlist: Iterable[str] = (), pool: WorkPool | None = None) -> None:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         r.register(_ProcIoCollector())
-        self._pool = _PoolCollector(pool)
-        r.register(self._pool)
+        r.register(_PoolCollector(pool))
         self.connections = ConnectionStats()
         r.register(_ConnectionCollector(self.connections))
         self.repos = frozenset(repos_allowlist)

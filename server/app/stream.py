@@ -8,7 +8,6 @@ calls per response are counted.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any
@@ -109,18 +108,11 @@ class PktWriter:
         self.sideband = sideband
         self.sideband_all = sideband_all
         self.buf = PktBuffer(chunk_size)
-        self.writes = 0
-        self.bytes = 0
-        self.pack_bytes = 0
-        self.last_write = time.monotonic()
         self._band_max = max_band_payload(sideband is Sideband.LARGE)
 
     async def _send(self, data: bytes) -> None:
         if not data:
             return
-        self.writes += 1
-        self.bytes += len(data)
-        self.last_write = time.monotonic()
         if self.record is not None:
             self.record.writes += 1
             self.record.bytes += len(data)
@@ -185,7 +177,6 @@ class PktWriter:
         await self._maybe(self.buf.add_raw(encode_band(band, data, self._band_max)))
 
     async def pack_data(self, data: bytes) -> None:
-        self.pack_bytes += len(data)
         await self.band(BAND_DATA, data)
         await self.drain()
 
@@ -214,7 +205,6 @@ async def pump_pack(
     make_iter: Callable[[], Iterator[Any]],
     keepalive: float,
     no_progress: bool,
-    on_item: Callable[[Any], None] | None = None,
 ) -> None:
     """Pull items from a blocking iterator in ``executor`` and write them as they come.
 
@@ -235,8 +225,6 @@ async def pump_pack(
             if item is _END:
                 break
             fut = loop.run_in_executor(executor, next, it, _END)
-            if on_item is not None:
-                on_item(item)
             if isinstance(item, Progress):
                 if not no_progress:
                     await writer.progress(item.text)

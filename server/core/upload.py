@@ -40,15 +40,16 @@ from ..graph.shallow import ShallowPlan, plan_shallow
 from ..store.errors import StorageError
 from ..store.fscache import DirCache
 from ..store.fsops import FsOps
+from ..store.objformat import HASH_LEN, OBJ_COMMIT
 from ..store.odb import ObjectSnapshot, ObjectStoreError, PackRegistry
 from ..store.refs import RefSnapshot, read_ref_snapshot
+from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
 
 __all__ = ["RequestContext", "FetchPlan", "plan_fetch"]
 
 log = logging.getLogger("gitspout")
-HASH_LEN = {"sha1": 20, "sha256": 32}
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
 
@@ -139,15 +140,16 @@ class RequestContext:
     def _peel(self, oid_hex: bytes) -> bytes | None:
         """Peel a loose ref's value when it names a tag (cached process-wide by id)."""
         cache = self.registry.peeled
-        if oid_hex in cache:
-            return cache[oid_hex]
+        hit = cache.get(oid_hex)
+        if hit is not None:
+            return hit or None  # b"": not a tag
         try:
             target, _, tags = self.src.peel(bytes.fromhex(oid_hex.decode("ascii")))
         except (StorageError, ValueError):  # a damaged object: advertised without peeling
             return None
-        result = target.hex().encode() if tags else None
-        cache[oid_hex] = result
-        return result
+        result = target.hex().encode() if tags else b""
+        cache.put(oid_hex, result, PEELED_COST)
+        return result or None
 
     def visible(self) -> tuple[HeadInfo | None, list[Ref]]:
         return self.refs.visible(self.config.hide_refs)
@@ -222,12 +224,10 @@ class RequestContext:
         advertisement of an unchanged repository costs its validation and its writes."""
         _ = self.config  # read first: the key names the config this answer depends on
         key = (kind, self.refs_state(kind), self.repo.config_key())
-        cache = self.repo.ref_cache
-        hit = cache.encoded.get(key) if self.dirs.enabled else None
+        # Nothing is put while the cross-request cache is off: the lookup is then a miss.
+        hit = self.repo.ref_cache.encoded.get(key)
         if hit is not None:
-            self.registry.encoded_stats.hits += 1
             return hit
-        self.registry.encoded_stats.misses += 1
         buf = PktBuffer()
         chunks: list[bytes] = []
         for payload in preamble:
@@ -239,10 +239,8 @@ class RequestContext:
         _keep(chunks, buf.add_flush())
         _keep(chunks, buf.take())
         if self.dirs.enabled and self.refs_cacheable(kind):
-            with cache.lock:
-                if len(cache.encoded) >= 8:
-                    cache.encoded.clear()
-                cache.encoded[key] = chunks
+            self.repo.ref_cache.encoded.put(key, chunks,
+                                            nbytes=sum(len(c) + 40 for c in chunks))
         return chunks
 
     def refs_state(self, kind: tuple[object, ...]) -> tuple[object, ...]:
@@ -392,7 +390,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
                      len(dropped), ctx.repo.url_path, dropped[0].hex())
         known = [o for o in known if o in allowed]
     for oid in known:
-        if ctx.src.object_type(oid) != 1:
+        if ctx.src.object_type(oid) != OBJ_COMMIT:
             raise Refusal(f"invalid shallow object {oid.hex()}")
     return known
 

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from binascii import a2b_hex
 from collections.abc import Iterable
 
 from gitspout.protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from ..store.lru import ByteLRU
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import ObjectSnapshot
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, PackFile
+from ..store.packs import PackFile
 from .commits import CommitSource
+from .treewalk import TreeDiffWalk
 
-_GITLINK = 0o160000
 _TreeRoot = tuple[bytes, bytes | None, bytes | None]
 """(tree, the commit it is the root of, that commit's first parent)."""
 
-__all__ = ["BitmapIndex", "Reach", "open_bitmap_index", "bitmap_filter_supported"]
+__all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported"]
 
 
 class Reach:
@@ -69,9 +69,6 @@ class Reach:
         self._view()[rank >> 3] |= 1 << (rank & 7)
         self._int_stale = True
 
-    def count(self) -> int:
-        return self.bits.bit_count() + len(self.extra)
-
     def copy(self) -> Reach:
         other = Reach(0)
         other.nbytes = self.nbytes
@@ -98,7 +95,8 @@ class BitmapIndex:
     def new_reach(self) -> Reach:
         return Reach(self.pack.count)
 
-    def _has(self, reach: Reach, oid: bytes) -> tuple[bool, int | None]:
+    def lookup(self, reach: Reach, oid: bytes) -> tuple[bool, int | None]:
+        """Is ``oid`` in ``reach``, and its rank in the bitmapped pack (None outside it)."""
         rank = self.rank(oid)
         if rank is not None:
             return reach.test(rank), rank
@@ -106,9 +104,10 @@ class BitmapIndex:
 
     def has(self, reach: Reach, oid: bytes) -> bool:
         """True when ``oid`` is in ``reach`` (in the bitmapped pack or among its extras)."""
-        return self._has(reach, oid)[0]
+        return self.lookup(reach, oid)[0]
 
-    def _add(self, reach: Reach, oid: bytes, rank: int | None, type_num: int) -> None:
+    def add(self, reach: Reach, oid: bytes, rank: int | None, type_num: int) -> None:
+        """Put ``oid`` (of pack rank ``rank``, as :meth:`lookup` found) in ``reach``."""
         if rank is not None:
             reach.set(rank)
         else:
@@ -132,17 +131,17 @@ class BitmapIndex:
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
-                seen, rank = self._has(reach, tag)
+                seen, rank = self.lookup(reach, tag)
                 if not seen:
-                    self._add(reach, tag, rank, OBJ_TAG)
+                    self.add(reach, tag, rank, OBJ_TAG)
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
                 trees.append((target, None, None))
             else:
-                seen, rank = self._has(reach, target)
+                seen, rank = self.lookup(reach, target)
                 if not seen:
-                    self._add(reach, target, rank, type_num)
+                    self.add(reach, target, rank, type_num)
         trees.extend(self._walk_commits(reach, commits))
         self._walk_trees(reach, trees)
         return reach
@@ -167,7 +166,7 @@ class BitmapIndex:
         trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
-            seen, rank = self._has(reach, oid)
+            seen, rank = self.lookup(reach, oid)
             if seen:
                 continue
             if rank is not None:
@@ -175,7 +174,7 @@ class BitmapIndex:
                 if closure is not None:
                     reach.bits = reach.bits | closure
                     continue
-            self._add(reach, oid, rank, OBJ_COMMIT)
+            self.add(reach, oid, rank, OBJ_COMMIT)
             info = self.src.commit(oid)
             trees.append((info.tree, oid, info.parents[0] if info.parents else None))
             for parent in info.parents:
@@ -189,41 +188,14 @@ class BitmapIndex:
         object both share could be skipped on both sides and never sent."""
         pending = {commit for _, commit, _ in roots if commit is not None}
         done: set[bytes] = set()
+        walker = _ReachWalk(self, reach)
         for tree, commit, parent in reversed(roots):
             base = None
             if parent is not None and (parent not in pending or parent in done):
                 base = self.src.commit(parent).tree
-            self._walk_tree(reach, tree, base)
+            walker.walk(tree, base)
             if commit is not None:
                 done.add(commit)
-
-    def _walk_tree(self, reach: Reach, root: bytes, root_base: bytes | None) -> None:
-        stack: list[tuple[bytes, bytes | None]] = [(root, root_base)]
-        while stack:
-            tree, base = stack.pop()
-            if tree == base:
-                continue
-            seen, rank = self._has(reach, tree)
-            if seen:
-                continue
-            self._add(reach, tree, rank, OBJ_TREE)
-            if base is not None and rank is None:
-                reach.hints[tree] = base
-            known = {name: hx for name, _, hx in self.src.tree_hex(base)} if base else {}
-            for name, mode, hx in self.src.tree_hex(tree):
-                old = known.get(name)
-                if old == hx or mode == _GITLINK:
-                    continue  # the base tree has it, and the base is in the closure
-                oid = a2b_hex(hx)
-                old_oid = a2b_hex(old) if old else None
-                if mode & 0o170000 == 0o040000:
-                    stack.append((oid, old_oid))
-                    continue
-                seen, rank = self._has(reach, oid)
-                if not seen:
-                    self._add(reach, oid, rank, OBJ_BLOB)
-                    if old_oid is not None and rank is None:
-                        reach.hints[oid] = old_oid
 
     # -- filters -------------------------------------------------------------------
 
@@ -239,8 +211,7 @@ class BitmapIndex:
             reach.bits &= ~(bm.blobs | bm.trees)
             drop = {OBJ_BLOB, OBJ_TREE}
         elif isinstance(spec, ObjectType):
-            wanted = {"commit": OBJ_COMMIT, "tree": OBJ_TREE, "blob": OBJ_BLOB, "tag": OBJ_TAG}
-            t = wanted[spec.type_name]
+            t = TYPE_NUMS[spec.type_name.encode()]
             reach.bits &= {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs,
                            OBJ_TAG: bm.tags}[t]
             drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {t}
@@ -254,9 +225,9 @@ class BitmapIndex:
         for oid in keep:
             target, type_num, tags = self.src.peel(oid)
             for obj, t in [(tag, OBJ_TAG) for tag in tags] + [(target, type_num)]:
-                seen, rank = self._has(reach, obj)
+                seen, rank = self.lookup(reach, obj)
                 if not seen:
-                    self._add(reach, obj, rank, t)
+                    self.add(reach, obj, rank, t)
 
     def _drop_large_blobs(self, reach: Reach, limit: int) -> None:
         odb: ObjectSnapshot = self.src.odb
@@ -270,6 +241,47 @@ class BitmapIndex:
             found = odb.object_size(oid)
             if found is None or found[1] >= limit:
                 del reach.extra[oid]
+
+
+class _ReachWalk(TreeDiffWalk):
+    """Adds the trees and blobs of walked commits to a closure. The base tree of a commit
+    is in the closure already (see :meth:`BitmapIndex._walk_trees`)."""
+
+    def __init__(self, bi: BitmapIndex, reach: Reach) -> None:
+        self.src = bi.src
+        self.bi = bi
+        self.reach = reach
+
+    def _met(self, oid: bytes, base: bytes | None, type_num: int) -> bool:
+        """Add ``oid`` unless the closure has it; True when it was added. An object outside
+        the bitmapped pack keeps its base as a delta hint."""
+        seen, rank = self.bi.lookup(self.reach, oid)
+        if seen:
+            return False
+        self.bi.add(self.reach, oid, rank, type_num)
+        if base is not None and rank is None:
+            self.reach.hints[oid] = base
+        return True
+
+    def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:
+        return self._met(tree, base, OBJ_TREE)
+
+    def blob(self, oid: bytes, base: bytes | None, depth: int) -> None:
+        self._met(oid, base, OBJ_BLOB)
+
+
+class ReachSet:
+    """A closure as include-tag sees it (``reachability.ObjectSet``)."""
+
+    def __init__(self, bi: BitmapIndex, reach: Reach) -> None:
+        self.bi = bi
+        self.reach = reach
+
+    def __contains__(self, oid: object) -> bool:
+        return isinstance(oid, bytes) and self.bi.has(self.reach, oid)
+
+    def add(self, oid: bytes, type_num: int) -> None:
+        self.bi.add(self.reach, oid, self.bi.rank(oid), type_num)
 
 
 def bitmap_filter_supported(spec: FilterSpec | None) -> bool:

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import heapq
 from binascii import a2b_hex
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from dulwich.objects import parse_tree
 
 from ..store.commitgraph import CommitGraph
+from ..store.lru import ByteLRU
+from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 
 __all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
-
-_MODE_TREE = 0o040000
-_MODE_GITLINK = 0o160000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +61,10 @@ def parse_tag_target(data: bytes, hex_len: int) -> tuple[bytes, int]:
     target = bytes.fromhex(data[7 : 7 + hex_len].decode("ascii"))
     at = data.find(b"\ntype ")
     end = data.find(b"\n", at + 1)
-    name = data[at + 6 : end]
-    types = {b"commit": OBJ_COMMIT, b"tree": OBJ_TREE, b"blob": OBJ_BLOB, b"tag": OBJ_TAG}
-    if at < 0 or name not in types:
+    type_num = TYPE_NUMS.get(data[at + 6 : end])
+    if at < 0 or type_num is None:
         raise ObjectStoreError("malformed tag")
-    return target, types[name]
+    return target, type_num
 
 
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
@@ -78,21 +74,28 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
     except Exception as exc:  # dulwich raises ObjectFormatException and friends
         raise ObjectStoreError(f"malformed tree: {exc}") from None
     for name, mode, sha in entries:
-        if mode == _MODE_GITLINK:
+        if mode == MODE_GITLINK:
             continue
-        yield name, (mode & 0o170000) == _MODE_TREE, a2b_hex(sha)
+        yield name, (mode & MODE_TYPE) == MODE_TREE, a2b_hex(sha)
+
+
+# Budgets of one request's caches (docs/ARCHITECTURE.md, "Caches").
+COMMITS_BUDGET = 256 << 20  # bytes of parsed commits, at COMMIT_COST + PARENT_COST a parent
+COMMIT_COST = 200
+PARENT_COST = 40
+TREE_ENTRIES = 64  # parsed trees: a walk diffing each tree against its parent's meets most twice
 
 
 class CommitSource:
-    """Reads commits (and trees, tags) for one request, caching parsed commits."""
+    """Reads commits (and trees, tags) for one request, caching parsed commits and trees."""
 
     def __init__(self, odb: ObjectSnapshot, graph: CommitGraph | None = None) -> None:
         self.odb = odb
         self.graph = graph
         self.hex_len = odb.hash_len * 2
-        self._commits: dict[bytes, CommitInfo] = {}
-        self._trees: OrderedDict[bytes, list[tuple[bytes, int, bytes]]] = OrderedDict()
-        self.reads = 0
+        self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
+        self._trees = ByteLRU[list[tuple[bytes, int, bytes]]](
+            "trees", TREE_ENTRIES, unit="entries", shared=False)
 
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
@@ -103,11 +106,10 @@ class CommitSource:
         info = self._commits.get(oid)
         if info is None:
             type_num, data = self.odb.read(oid)
-            self.reads += 1
             if type_num != OBJ_COMMIT:
                 raise ObjectStoreError(f"{oid.hex()} is not a commit")
             info = parse_commit(data, self.hex_len)
-            self._commits[oid] = info
+            self._commits.put(oid, info, COMMIT_COST + PARENT_COST * len(info.parents))
         return info
 
     def object_type(self, oid: bytes) -> int:
@@ -131,15 +133,11 @@ class CommitSource:
     def tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
         """Raw entries (name, mode, hex id) as dulwich's parser gives them (cached per
         request: a walk that diffs each tree against its parent's meets most trees twice)."""
-        trees = self._trees
-        hit = trees.get(oid)
+        hit = self._trees.get(oid)
         if hit is not None:
-            trees.move_to_end(oid)
             return hit
         entries = self._parse_tree_hex(oid)
-        trees[oid] = entries
-        if len(trees) > 64:
-            trees.popitem(last=False)
+        self._trees.put(oid, entries)
         return entries
 
     def _parse_tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:

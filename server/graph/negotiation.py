@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..store.objformat import OBJ_COMMIT
 from ..store.odb import ObjectStoreError
-from ..store.packs import OBJ_COMMIT
 from .commits import CommitSource
 
 __all__ = ["HaveTracker"]

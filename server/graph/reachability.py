@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 import heapq
-from binascii import a2b_hex
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gitspout.protocol.filters import (
     BlobLimit,
@@ -25,14 +25,15 @@ from gitspout.protocol.filters import (
 )
 
 from ..store.lru import ByteLRU
-from ..store.packs import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 from .bitmapwalk import open_bitmap_index
 from .commits import CommitSource
+from .treewalk import TreeDiffWalk
 
-__all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry"]
+__all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry",
+           "ObjectSet", "include_tags"]
 
 ObjectEntry = tuple[bytes, int]
-_GITLINK = 0o160000
 
 
 def check_wants(
@@ -187,20 +188,24 @@ def _find_in_trees(
 # ---------------------------------------------------------------- filters
 
 
+BLOB_SIZE_ENTRIES = 1 << 20  # sizes of blobs met by one walk (docs/ARCHITECTURE.md, "Caches")
+
+
 @dataclass
 class _Filter:
     """Evaluates a filter spec for an object at a depth below its root tree."""
 
     spec: FilterSpec | None
     src: CommitSource
-    sizes: dict[bytes, int] = field(default_factory=dict)
+    sizes: ByteLRU[int] = field(default_factory=lambda: ByteLRU(
+        "blob_sizes", BLOB_SIZE_ENTRIES, unit="entries", shared=False))
 
     def _blob_size(self, oid: bytes) -> int:
         size = self.sizes.get(oid)
         if size is None:
             found = self.src.odb.object_size(oid)
             size = found[1] if found else 0
-            self.sizes[oid] = size
+            self.sizes.put(oid, size)
         return size
 
     def _leaf(self, spec: FilterSpec, oid: bytes, type_num: int, depth: int) -> tuple[bool, bool]:
@@ -238,9 +243,7 @@ class Enumeration:
     """The objects to send, in the order found, and what the client is known to have."""
 
     objects: list[ObjectEntry]
-    commits: int
     have_objects: set[bytes]  # trees/blobs of the boundary: delta bases for thin packs
-    edge_commits: set[bytes]
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
 
 
@@ -263,9 +266,9 @@ def _mark_have_trees(src: CommitSource, roots: Iterable[bytes]) -> set[bytes]:
 
 
 @dataclass
-class _TreeWalk:
-    """Walks trees for one enumeration; ``seen`` maps an object to the smallest depth it
-    was met at (tree:<depth> filters care), ``shown`` holds what was listed."""
+class _TreeWalk(TreeDiffWalk):
+    """Lists the trees and blobs of one enumeration; ``seen`` maps an object to the smallest
+    depth it was met at (tree:<depth> filters care), ``shown`` holds what was listed."""
 
     src: CommitSource
     flt: _Filter
@@ -274,11 +277,7 @@ class _TreeWalk:
     seen: dict[bytes, int] = field(default_factory=dict)
     shown: set[bytes] = field(default_factory=set)
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
-
-    def _show(self, oid: bytes, type_num: int) -> None:
-        if oid not in self.shown:
-            self.shown.add(oid)
-            self.out.append((oid, type_num))
+    reverse = True  # the enumeration's order, entry by entry
 
     def _visit(self, oid: bytes, depth: int) -> bool:
         """True when ``oid`` still needs handling at ``depth``."""
@@ -288,34 +287,24 @@ class _TreeWalk:
         self.seen[oid] = depth
         return True
 
-    def walk(self, root: bytes, base: bytes | None = None) -> None:
-        """Walk ``root``; entries equal to those of ``base`` (the same path in a tree that
-        is walked too, or that the client has) are skipped without a lookup."""
-        stack: list[tuple[bytes, bytes | None, int]] = [(root, base, 0)]
-        while stack:
-            tree, old_tree, depth = stack.pop()
-            if tree == old_tree or not self._visit(tree, depth):
-                continue
-            show, walk = self.flt.check(tree, OBJ_TREE, depth)
-            if show:
-                self._show(tree, OBJ_TREE)
-                if old_tree is not None:
-                    self.hints[tree] = old_tree
-            if not walk:
-                continue
-            known = {n: h for n, _, h in self.src.tree_hex(old_tree)} if old_tree else {}
-            for name, mode, hx in reversed(self.src.tree_hex(tree)):
-                old = known.get(name)
-                if old == hx or mode == _GITLINK:
-                    continue
-                oid = a2b_hex(hx)
-                old_oid = a2b_hex(old) if old else None
-                if mode & 0o170000 == 0o040000:
-                    stack.append((oid, old_oid, depth + 1))
-                elif self._visit(oid, depth + 1) and self.flt.check(oid, OBJ_BLOB, depth + 1)[0]:
-                    self._show(oid, OBJ_BLOB)
-                    if old_oid is not None:
-                        self.hints[oid] = old_oid
+    def _show(self, oid: bytes, type_num: int, base: bytes | None) -> None:
+        if oid not in self.shown:
+            self.shown.add(oid)
+            self.out.append((oid, type_num))
+        if base is not None:
+            self.hints[oid] = base
+
+    def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:
+        if not self._visit(tree, depth):
+            return False
+        show, walk = self.flt.check(tree, OBJ_TREE, depth)
+        if show:
+            self._show(tree, OBJ_TREE, base)
+        return walk
+
+    def blob(self, oid: bytes, base: bytes | None, depth: int) -> None:
+        if self._visit(oid, depth) and self.flt.check(oid, OBJ_BLOB, depth)[0]:
+            self._show(oid, OBJ_BLOB, base)
 
 
 def enumerate_objects(
@@ -363,8 +352,9 @@ def enumerate_objects(
             base = src.commit(info.parents[0]).tree
         walker.walk(info.tree, base)
         done.add(c)
-    _include_tags(out, tag_refs, bad | have_objects)
-    return Enumeration(out, len(commits), have_objects, edges, walker.hints)
+    if tag_refs:
+        include_tags(_Listed(out), tag_refs, bad | have_objects)
+    return Enumeration(out, have_objects, walker.hints)
 
 
 def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
@@ -373,14 +363,38 @@ def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
     walker.walk(root)
 
 
-def _include_tags(
-    out: list[ObjectEntry], tag_refs: Sequence[tuple[bytes, bytes]], client_has: set[bytes]
-) -> None:
-    """pack-objects --include-tag: add tag objects whose target is being sent."""
-    if not tag_refs:
-        return
-    sending = {oid for oid, _ in out}
+# ---------------------------------------------------------------- include-tag
+
+
+class ObjectSet(Protocol):
+    """Objects being sent, as include-tag sees them: an enumeration's list (below) or a
+    bitmap walk's closure (``bitmapwalk.ReachSet``)."""
+
+    def __contains__(self, oid: bytes) -> bool: ...
+
+    def add(self, oid: bytes, type_num: int) -> None: ...
+
+
+class _Listed:
+    """An enumeration's list of objects as an :class:`ObjectSet`."""
+
+    def __init__(self, out: list[ObjectEntry]) -> None:
+        self.out = out
+        self.oids = {oid for oid, _ in out}
+
+    def __contains__(self, oid: bytes) -> bool:
+        return oid in self.oids
+
+    def add(self, oid: bytes, type_num: int) -> None:
+        self.out.append((oid, type_num))
+        self.oids.add(oid)
+
+
+def include_tags(sending: ObjectSet, tag_refs: Sequence[tuple[bytes, bytes]],
+                 client_has: Container[bytes]) -> None:
+    """pack-objects --include-tag: send the tag objects of ``tag_refs`` (tag, peeled
+    target) whose target is being sent, unless the client has them. The tags are those of
+    visible refs, so they are reachable (docs/ARCHITECTURE.md I7)."""
     for tag, target in tag_refs:
         if target in sending and tag not in sending and tag not in client_has:
-            out.append((tag, OBJ_TAG))
-            sending.add(tag)
+            sending.add(tag, OBJ_TAG)

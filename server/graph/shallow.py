@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gitspout.protocol.errors import Refusal
 from gitspout.protocol.fetch_request import INFINITE_DEPTH, FetchRequest
 
-from ..store.packs import OBJ_COMMIT
+from ..store.objformat import OBJ_COMMIT
 from .commits import CommitSource
 
 __all__ = ["ShallowPlan", "plan_shallow"]

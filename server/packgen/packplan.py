@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 
 from ..core.stats import Progress
 from ..core.upload import FetchPlan, RequestContext
-from ..graph.bitmapwalk import BitmapIndex, Reach, bitmap_filter_supported, open_bitmap_index
-from ..graph.reachability import Enumeration, enumerate_objects
+from ..graph.bitmapwalk import BitmapIndex, Reach, ReachSet, bitmap_filter_supported, open_bitmap_index
+from ..graph.reachability import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits
-from ..store.packs import OBJ_TAG, PackFile
+from ..store.packs import PackFile
 from .packsource import (
     PackSource,
     ReusePackSource,
@@ -98,18 +98,6 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     return source
 
 
-def _include_tags(bi: BitmapIndex, reach: Reach, tags: Sequence[tuple[bytes, bytes]],
-                  haves: Reach | None) -> None:
-    for tag, target in tags:
-        has_target, _ = bi._has(reach, target)
-        if not has_target:
-            continue
-        has_tag, rank = bi._has(reach, tag)
-        if has_tag or (haves is not None and bi._has(haves, tag)[0]):
-            continue
-        bi._add(reach, tag, rank, OBJ_TAG)
-
-
 def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
     req = plan.req
     wants = _wants(plan)
@@ -122,7 +110,8 @@ def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> Pack
             reach.extra.pop(oid, None)
     bi.apply_filter(reach, req.filter, wants)
     if req.include_tag:
-        _include_tags(bi, reach, _tag_refs(ctx), haves)
+        include_tags(ReachSet(bi, reach), _tag_refs(ctx),
+                     ReachSet(bi, haves) if haves is not None else frozenset())
     pack = bi.pack
     if not reach.extra and req.ofs_delta and reach.bits == (1 << pack.count) - 1:
         return WholePackSource(pack)

@@ -17,7 +17,6 @@ for free: nothing is produced until the writer asks for it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import zlib
@@ -29,8 +28,9 @@ from typing import Protocol
 from dulwich.pack import create_delta
 
 from ..core.stats import PackStats, Progress
+from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
-from ..store.packs import OFS_DELTA, REF_DELTA, PackFile, encode_entry_header
+from ..store.packs import PackFile, encode_entry_header
 
 __all__ = [
     "PackSource",
@@ -54,10 +54,6 @@ class PackSource(Protocol):
     stats: PackStats
 
     def chunks(self) -> Iterator[bytes | Progress]: ...
-
-
-def _hash_new(hash_len: int) -> hashlib._Hash:
-    return hashlib.sha1() if hash_len == 20 else hashlib.sha256()
 
 
 class WholePackSource:
@@ -88,7 +84,7 @@ class _Out:
     def __init__(self, hash_len: int) -> None:
         self.buf = bytearray()
         self.ready: list[bytes] = []
-        self.hash = _hash_new(hash_len)
+        self.hash = new_hash(hash_len)
         self.offset = 0
 
     def write(self, data: bytes | memoryview) -> None:

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import struct
 import sys
-import threading
 from array import array
 
 from .errors import StorageError
+from .lru import ByteLRU
 from .packs import PackFile
 
 __all__ = ["PackBitmaps", "BitmapFormatError", "decode_ewah", "iter_set_bits", "load_bitmaps"]
 
 _MAGIC = b"BITM"
-_OPT_FULL_DAG = 0x1
-_OPT_HASH_CACHE = 0x4
 _LITTLE = sys.byteorder == "little"
+DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches")
 
 
 class BitmapFormatError(StorageError):
@@ -84,7 +83,7 @@ class PackBitmaps:
         self._data = data
         if data[:4] != _MAGIC:
             raise BitmapFormatError("bad bitmap magic")
-        version, flags, count = struct.unpack_from(">HHI", data, 4)
+        version, _flags, count = struct.unpack_from(">HHI", data, 4)
         if version != 1:
             raise BitmapFormatError(f"bitmap version {version} is not supported")
         h = pack.hash_len
@@ -95,13 +94,13 @@ class PackBitmaps:
         self.trees, _, pos = decode_ewah(data, pos)
         self.blobs, _, pos = decode_ewah(data, pos)
         self.tags, _, pos = decode_ewah(data, pos)
-        self.flags = flags
         self._entries: dict[int, tuple[int, int, int]] = {}  # pack rank -> (pos, xor, index)
         self._order: list[int] = []  # entry index -> pack rank
-        self._decoded: dict[int, int] = {}
-        self._lock = threading.Lock()
+        # pack rank -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
+        # objects), counted in bytes
+        self._bitmap_bytes = (pack.count + 7) // 8 or 1
+        self._decoded = ByteLRU[int]("bitmaps", DECODED_BITMAPS * self._bitmap_bytes)
         self._read_entries(pos, count)
-        self.all_objects = (1 << pack.count) - 1
 
     def _read_entries(self, pos: int, count: int) -> None:
         data, pack = self._data, self.pack
@@ -119,27 +118,21 @@ class PackBitmaps:
             self._order.append(rank)
             pos += 6 + 8 + 8 * words + 4
 
-    def has(self, rank: int) -> bool:
-        return rank in self._entries
-
     def bitmap_for(self, rank: int) -> int | None:
         """The reachability bitmap of the commit at pack rank ``rank``, or None."""
-        hit = self._decoded.get(rank)
-        if hit is not None:
-            return hit
         entry = self._entries.get(rank)
         if entry is None:
             return None
+        hit = self._decoded.get(rank)
+        if hit is not None:
+            return hit
         pos, xor, k = entry
         value, _, _ = decode_ewah(self._data, pos)
         if xor:
             base = self.bitmap_for(self._order[k - xor])
             assert base is not None
             value ^= base
-        with self._lock:
-            if len(self._decoded) >= 64:  # ~100 KB each for a million objects
-                self._decoded.pop(next(iter(self._decoded)))
-            self._decoded[rank] = value
+        self._decoded.put(rank, value, self._bitmap_bytes)
         return value
 
 
@@ -150,8 +143,9 @@ def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
         try:
             with open(pack.base + ".bitmap", "rb") as fh:
                 data = fh.read()
-            # The file, and up to 64 decoded bitmaps of count bits each.
-            return PackBitmaps(pack, data), len(data) + 8 * pack.count
+            # The file and its entry table (decoded bitmaps are a cache of their own).
+            bitmaps = PackBitmaps(pack, data)
+            return bitmaps, len(data) + 100 * len(bitmaps._order)
         except (FileNotFoundError, BitmapFormatError, struct.error):
             return None, 0
 

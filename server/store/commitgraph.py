@@ -12,6 +12,7 @@ import os
 import struct
 
 from .errors import StorageError
+from .objformat import HASH_ID_LEN
 
 __all__ = ["CommitGraph", "CommitGraphError", "open_commit_graph", "GraphEntry"]
 
@@ -60,7 +61,7 @@ class CommitGraph:
         m = self._map
         if m[:4] != b"CGPH" or m[4] != 1:
             raise CommitGraphError("not a commit-graph v1 file")
-        if {1: 20, 2: 32}.get(m[5]) != hash_len:
+        if HASH_ID_LEN.get(m[5]) != hash_len:
             raise CommitGraphError("commit-graph hash does not match the repository")
         if m[7] != 0:
             raise CommitGraphError("split commit-graphs are not supported")

@@ -19,9 +19,9 @@ and the ``open()`` that follows it, within one request, is followed once.
 from __future__ import annotations
 
 import os
-import threading
 
 from .fsops import FsOps
+from .lru import ByteLRU
 
 __all__ = ["is_within", "OutsideRoot", "LinkGuard"]
 
@@ -52,8 +52,8 @@ class LinkGuard:
         self.root = os.path.realpath(root)
         self.allow_outside = allow_outside
         # link path -> (identity of its target, real path when outside the root, else None)
-        self._verdicts: dict[str, tuple[tuple[int, int], str | None]] = {}
-        self._lock = threading.Lock()
+        self._verdicts = ByteLRU[tuple[tuple[int, int], str | None]](
+            "link_verdicts", _MAX_VERDICTS, unit="entries")
 
     def check_link(self, fs: FsOps, link: str) -> None:
         """Raise :class:`OutsideRoot` when ``link``, a path a listing showed to be a
@@ -66,16 +66,13 @@ class LinkGuard:
         except OSError:
             return
         ident = (st.st_dev, st.st_ino)
-        cached = self._verdicts.get(link)
-        if cached is None or cached[0] != ident:
+        cached = self._verdicts.get(link, lambda v: v[0] == ident)
+        if cached is None:
             real = os.path.realpath(link)
             fs.note("realpath")
             cached = (ident, None if is_within(real, self.root) else real)
             if _same_file(fs, real, ident):  # the link did not move while it was resolved
-                with self._lock:
-                    if len(self._verdicts) >= _MAX_VERDICTS:
-                        self._verdicts.clear()
-                    self._verdicts[link] = cached
+                self._verdicts.put(link, cached)
         if cached[1] is not None:
             raise OutsideRoot(link, cached[1])
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .confine import LinkGuard
 from .fsops import FsOps
+from .lru import ByteLRU
 
 __all__ = ["DirCache", "Listing", "Entry", "RACY_NS"]
 
@@ -55,12 +55,9 @@ class DirCache:
                  guard: LinkGuard | None = None) -> None:
         self.enabled = enabled
         self.guard = guard  # None: symlinks are followed wherever they lead (tests, tools)
-        self.max_dirs = max_dirs
-        self._dirs: dict[str, Listing] = {}
-        self._files: dict[tuple[str, int, tuple[int, int, int]], bytes] = {}
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        # path -> its last listing; (path, inode, directory listing key) -> content
+        self._dirs = ByteLRU[Listing]("listings", max_dirs, unit="entries")
+        self._files = ByteLRU[bytes]("files", max_dirs, unit="entries")
 
     def listing(self, fs: FsOps, path: str, nofollow: bool = False) -> Listing | None:
         """The entries of ``path`` (None when it does not exist): one stat when cached.
@@ -80,21 +77,17 @@ class DirCache:
         if st is None:
             return None
         key = _stat_key(st)
-        cached = self._dirs.get(path) if self.enabled else None
-        if cached is not None and cached.trusted and cached.key == key:
-            self.hits += 1
+        # Nothing is put while the cache is off: the lookup is then a miss.
+        cached = self._dirs.get(path, lambda c: c.trusted and c.key == key)
+        if cached is not None:
             return cached
-        self.misses += 1
         now = time.time_ns()
         found = fs.scandir_or_empty(path)
         entries = tuple((e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found)
         links = frozenset(e.name for e in found if e.is_symlink())
         listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
         if self.enabled:
-            with self._lock:
-                if len(self._dirs) >= self.max_dirs:
-                    self._dirs.clear()
-                self._dirs[path] = listing
+            self._dirs.put(path, listing, nbytes=120 + 80 * len(listing.entries))
         return listing
 
     def check_links(self, fs: FsOps, dirpath: str, listing: Listing,
@@ -108,22 +101,14 @@ class DirCache:
             self.guard.check_link(fs, os.path.join(dirpath, name))
 
     def forget(self, path: str) -> None:
-        with self._lock:
-            self._dirs.pop(path, None)
+        self._dirs.pop(path)
 
     def forget_under(self, top: str) -> None:
         """Forget the listings and files of ``top`` and everything below it (a repository
         that went away)."""
         inside = top.rstrip("/") + "/"
-        with self._lock:
-            for path in [p for p in self._dirs if p == top or p.startswith(inside)]:
-                del self._dirs[path]
-            for key in [k for k in self._files if k[0].startswith(inside)]:
-                del self._files[key]
-
-    def is_trusted(self, path: str) -> bool:
-        listing = self._dirs.get(path)
-        return listing is not None and listing.trusted
+        self._dirs.drop_where(lambda p: p == top or str(p).startswith(inside))
+        self._files.drop_where(lambda k: isinstance(k, tuple) and str(k[0]).startswith(inside))
 
     def file(self, fs: FsOps, path: str, listing: Listing) -> bytes | None:
         """Content of a small file in the directory ``listing`` came from.
@@ -143,12 +128,8 @@ class DirCache:
         if self.enabled:
             hit = self._files.get(key)
             if hit is not None:
-                self.hits += 1
                 return hit
         data = fs.read_file_or_none(path)
         if data is not None and self.enabled and listing.trusted:
-            with self._lock:
-                if len(self._files) >= self.max_dirs:
-                    self._files.clear()
-                self._files[key] = data
+            self._files.put(key, data, nbytes=200 + len(data))
         return data

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
 
 __all__ = ["FsOps"]
 
@@ -81,6 +80,3 @@ class FsOps:
 
     def note(self, kind: str, n: int = 1) -> None:
         self.counts[kind] += n
-
-    def items(self) -> Iterator[tuple[str, int]]:
-        return iter(self.counts.items())

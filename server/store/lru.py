@@ -1,11 +1,16 @@
-"""A small thread-safe LRU cache bounded by the total size of its values, and the one byte
-budget over every cross-request cache (``--cache-memory``, docs/ARCHITECTURE.md "Caches").
+"""The one LRU of gitspout: every cache, process-wide or per request, is a :class:`ByteLRU`.
 
-Each :class:`ByteLRU` has a budget of its own, and every cache shared across requests also
-counts against a :class:`MemoryBudget` (the process-wide :data:`MEMORY` unless told
-otherwise). When the caches together hold more than that budget, the least recently used
-cache gives up its least recently used values until they fit: a cache of a repository
-nobody asked for lately goes first, the cache every request uses last.
+Each cache has a name and a budget, in bytes (each ``put`` gives the value's cost) or in
+entries (each value costs 1). Lookups and evictions are counted per name, over every
+instance of that name (each repository's ref snapshots, each request's trees...), in one
+process-wide table that ``app/metrics.py`` exports (docs/ARCHITECTURE.md, "Caches").
+
+Every cache shared across requests also counts against one :class:`MemoryBudget`, the
+process-wide :data:`MEMORY` (``--cache-memory``), in bytes: a cache counted in entries
+tells what each entry holds (``nbytes`` on ``put``, else ``entry_bytes``). When all of them
+together hold more than that budget, the least recently used cache gives up its least
+recently used values until they fit: a cache of a repository nobody asked for lately goes
+first, the cache every request uses last.
 """
 
 from __future__ import annotations
@@ -15,11 +20,52 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from contextlib import nullcontext
+from typing import Generic, Literal, TypeVar
 
-__all__ = ["ByteLRU", "MemoryBudget", "MEMORY", "DEFAULT_CACHE_MEMORY"]
+__all__ = ["ByteLRU", "CacheStats", "all_cache_stats", "MemoryBudget", "MEMORY",
+           "DEFAULT_CACHE_MEMORY"]
 
 V = TypeVar("V")
+Unit = Literal["bytes", "entries"]
+
+
+class CacheStats:
+    """Hits, misses and evictions of every cache of one name.
+
+    Counted without a lock of their own: each instance counts under its lock (or in the one
+    thread that uses it), so two instances of one name counting at the same instant may
+    lose one increment to the other. That is the price of keeping lookups cheap."""
+
+    __slots__ = ("name", "unit", "hits", "misses", "evictions")
+
+    def __init__(self, name: str, unit: Unit) -> None:
+        self.name = name
+        self.unit = unit
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+
+_STATS: dict[str, CacheStats] = {}
+_STATS_LOCK = threading.Lock()
+
+
+def _stats_for(name: str, unit: Unit) -> CacheStats:
+    stats = _STATS.get(name)
+    if stats is None:
+        with _STATS_LOCK:
+            stats = _STATS.setdefault(name, CacheStats(name, unit))
+    if stats.unit != unit:
+        raise ValueError(f"cache {name!r} is counted in {stats.unit}, not {unit}")
+    return stats
+
+
+def all_cache_stats() -> list[CacheStats]:
+    """The statistics of every cache name created so far in this process."""
+    with _STATS_LOCK:
+        return list(_STATS.values())
+
 
 DEFAULT_CACHE_MEMORY = 256 << 20
 
@@ -27,7 +73,7 @@ _ticks = itertools.count()  # next() is atomic under the GIL: a clock of cache u
 
 
 class MemoryBudget:
-    """One limit in bytes over many :class:`ByteLRU` caches."""
+    """One limit in bytes over many :class:`ByteLRU` caches (``--cache-memory``)."""
 
     def __init__(self, limit: int = DEFAULT_CACHE_MEMORY) -> None:
         self.limit = limit
@@ -41,10 +87,6 @@ class MemoryBudget:
     def join(self, cache: ByteLRU[V]) -> None:
         with self._lock:
             self._caches.add(cache)  # type: ignore[arg-type]
-
-    def leave(self, cache: ByteLRU[V]) -> None:
-        with self._lock:
-            self._caches.discard(cache)  # type: ignore[arg-type]
 
     def caches(self) -> list[ByteLRU[object]]:
         with self._lock:
@@ -63,7 +105,7 @@ class MemoryBudget:
         try:
             while self.total > self.limit:
                 with self._lock:
-                    held = [c for c in self._caches if c.size > 0]
+                    held = [c for c in self._caches if c.held > 0]
                 if not held:
                     break
                 victim = min(held, key=lambda c: c.last_use)
@@ -78,77 +120,118 @@ MEMORY = MemoryBudget()
 
 
 class ByteLRU(Generic[V]):
-    """Keeps at most ``budget`` bytes of values; each value's cost is given on ``put``.
+    """Least recently used values up to ``budget`` (``unit``: bytes or entries).
 
-    ``parent``: the budget shared with other caches (:data:`MEMORY` by default; None for a
-    cache that lives within one request). ``name`` labels it in metrics. ``on_evict`` is
-    called with (key, value) of each value evicted, outside the lock.
+    A value costing more than an eighth of the budget is not kept: one large answer must
+    not flush everything else. ``shared`` caches are used by several threads and take a
+    lock; a request's own cache (``shared=False``) is used by one thread at a time.
+
+    A shared cache counts against ``parent`` (:data:`MEMORY` unless told otherwise; a
+    request's own cache against none). ``on_evict`` is called with (key, value) of each
+    value evicted, outside the lock.
     """
 
-    def __init__(self, budget: int, name: str = "", parent: MemoryBudget | None = MEMORY,
+    __slots__ = ("name", "budget", "stats", "_data", "_size", "_max_cost", "_lock", "_parent",
+                 "_on_evict", "_bytes", "held", "entry_bytes", "last_use", "__weakref__")
+
+    def __init__(self, name: str, budget: int, *, unit: Unit = "bytes", shared: bool = True,
+                 parent: MemoryBudget | None = MEMORY, entry_bytes: int = 256,
                  on_evict: Callable[[Hashable, V], None] | None = None) -> None:
-        self.budget = budget
         self.name = name
+        self.budget = budget
+        self.stats = _stats_for(name, unit)
+        # key -> (value, cost in the cache's unit); in ``_bytes``, what it holds in bytes
         self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._size = 0
-        self._lock = threading.Lock()
-        self._parent = parent
+        self._max_cost = max(1, budget // 8)
+        self._lock = threading.Lock() if shared else None
+        self._parent = parent if shared else None
         self._on_evict = on_evict
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
+        self._bytes: dict[Hashable, int] | None = {} if unit == "entries" else None
+        self.held = 0  # bytes, as the shared budget counts them
+        self.entry_bytes = entry_bytes
         self.last_use = next(_ticks)
-        if parent is not None:
-            parent.join(self)
+        if self._parent is not None:
+            self._parent.join(self)
 
-    def get(self, key: Hashable) -> V | None:
-        with self._lock:
+    # Hot paths (a walk asks for each commit several times): no helper calls, and the
+    # lock taken only by shared caches.
+
+    def get(self, key: Hashable, valid: Callable[[V], bool] | None = None) -> V | None:
+        """The value of ``key``, or None. A value ``valid`` rejects (it was derived from a
+        state that has changed since) counts as a miss; the next ``put`` replaces it."""
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
             item = self._data.get(key)
-            if item is None:
-                self.misses += 1
+            if item is None or (valid is not None and not valid(item[0])):
+                self.stats.misses += 1
                 return None
             self._data.move_to_end(key)
-            self.hits += 1
+            self.stats.hits += 1
             self.last_use = next(_ticks)
             return item[0]
+        finally:
+            if lock is not None:
+                lock.release()
 
-    def put(self, key: Hashable, value: V, cost: int) -> bool:
-        """Keep ``value``; False when it costs more than an eighth of the budget (one large
-        value must not flush everything else) and is not kept."""
-        if cost > self.budget // 8 or (self._parent is not None and cost > self._parent.limit // 8):
+    def put(self, key: Hashable, value: V, cost: int = 1, nbytes: int | None = None) -> bool:
+        """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries, and
+        give ``nbytes``, what it holds, unless ``entry_bytes`` says it well enough),
+        evicting the least recently used values beyond the budget. False when the value
+        costs more than an eighth of the budget (or of the shared one) and is not kept."""
+        parent = self._parent
+        size = cost if self._bytes is None else (self.entry_bytes if nbytes is None else nbytes)
+        if cost > self._max_cost or (parent is not None and size > parent.limit // 8):
             return False
         evicted: list[tuple[Hashable, V]] = []
-        with self._lock:
-            before = self._size
-            old = self._data.pop(key, None)
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            data, sizes = self._data, self._bytes
+            before = self.held
+            old = data.pop(key, None)
             if old is not None:
                 self._size -= old[1]
-            self._data[key] = (value, cost)
+                self.held -= old[1] if sizes is None else sizes.pop(key, 0)
+            data[key] = (value, cost)
             self._size += cost
-            while self._size > self.budget and self._data:
-                k, (v, c) = self._data.popitem(last=False)
+            self.held += size
+            if sizes is not None:
+                sizes[key] = size
+            while self._size > self.budget:
+                k, (v, c) = data.popitem(last=False)
                 self._size -= c
-                self.evictions += 1
+                self.held -= c if sizes is None else sizes.pop(k, 0)
+                self.stats.evictions += 1
                 evicted.append((k, v))
             self.last_use = next(_ticks)
-            delta = self._size - before
-        self._evicted(evicted)
-        if self._parent is not None and delta:
-            self._parent.charge(delta)
+            delta = self.held - before
+        finally:
+            if lock is not None:
+                lock.release()
+        if evicted and self._on_evict is not None:
+            self._evicted(evicted)
+        if parent is not None and delta:
+            parent.charge(delta)
         return True
 
     def shed(self, nbytes: int) -> int:
-        """Evict least recently used values until ``nbytes`` are freed or none is left
-        (asked by the shared budget); returns how many values went."""
+        """Evict least recently used values until ``nbytes`` bytes are freed or none is
+        left (asked by the shared budget); how many values went."""
         evicted: list[tuple[Hashable, V]] = []
-        freed = 0
-        with self._lock:
-            while freed < nbytes and self._data:
-                k, (v, c) = self._data.popitem(last=False)
+        with self._lock or nullcontext():
+            data, sizes = self._data, self._bytes
+            before = self.held
+            while self.held > before - nbytes and data:
+                k, (v, c) = data.popitem(last=False)
                 self._size -= c
-                freed += c
+                self.held -= c if sizes is None else sizes.pop(k, 0)
                 evicted.append((k, v))
-            self.evictions += len(evicted)
+            self.stats.evictions += len(evicted)
+            freed = before - self.held
         self._evicted(evicted)
         if self._parent is not None and freed:
             self._parent.charge(-freed)
@@ -159,47 +242,55 @@ class ByteLRU(Generic[V]):
             for k, v in items:
                 self._on_evict(k, v)
 
-    def pop(self, key: Hashable) -> V | None:
-        """Forget ``key`` (not an eviction: the caller knows it is stale)."""
-        with self._lock:
+    def pop(self, key: Hashable) -> None:
+        """Forget ``key`` (not counted as an eviction: the caller knows it is stale)."""
+        with self._lock or nullcontext():
             old = self._data.pop(key, None)
-            if old is None:
-                return None
-            self._size -= old[1]
-        if self._parent is not None:
-            self._parent.charge(-old[1])
-        return old[0]
+            freed = 0
+            if old is not None:
+                self._size -= old[1]
+                freed = old[1] if self._bytes is None else self._bytes.pop(key, 0)
+                self.held -= freed
+        if self._parent is not None and freed:
+            self._parent.charge(-freed)
 
     def drop_where(self, stale: Callable[[Hashable], bool]) -> int:
         """Forget every key ``stale`` accepts (a pack that is gone): not an eviction."""
-        with self._lock:
+        with self._lock or nullcontext():
             keys = [k for k in self._data if stale(k)]
-            freed = 0
+            before = self.held
             for k in keys:
-                freed += self._data.pop(k)[1]
-            self._size -= freed
+                c = self._data.pop(k)[1]
+                self._size -= c
+                self.held -= c if self._bytes is None else self._bytes.pop(k, 0)
+            freed = before - self.held
         if self._parent is not None and freed:
             self._parent.charge(-freed)
         return len(keys)
 
     def clear(self) -> None:
-        with self._lock:
-            freed, self._size = self._size, 0
+        with self._lock or nullcontext():
+            freed, self.held, self._size = self.held, 0, 0
             self._data.clear()
+            if self._bytes is not None:
+                self._bytes.clear()
         if self._parent is not None and freed:
             self._parent.charge(-freed)
 
     def __del__(self) -> None:
         # No lock here: the collector may run inside a locked section of this thread.
-        if self._parent is not None and self._size:
-            self._parent._gone.append(self._size)
+        parent = getattr(self, "_parent", None)
+        if parent is not None and self.held:
+            parent._gone.append(self.held)
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Is ``key`` kept? (Not a lookup: neither counted nor made recent.)"""
+        return key in self._data
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._data
-
     @property
     def size(self) -> int:
+        """What the kept values cost, in the cache's unit."""
         return self._size

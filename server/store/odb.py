@@ -22,18 +22,9 @@ from .commitgraph import CommitGraph
 from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
-from .packs import (
-    OBJ_COMMIT,
-    OBJ_TAG,
-    OBJ_TREE,
-    OFS_DELTA,
-    REF_DELTA,
-    TYPE_NUMS,
-    EntryHeader,
-    PackFile,
-    PackFormatError,
-)
-from .registry import Leased, PackRegistry
+from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
+from .packs import EntryHeader, PackFile, PackFormatError
+from .registry import LOOSE_ID_COST, Leased, PackRegistry
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
 
@@ -217,7 +208,8 @@ class ObjectSnapshot:
         retargeted cannot lead it outside the root (it keeps reading the directory that was
         checked, until the alternates file changes)."""
         key = (self.objects_dir, data)
-        hit = self.registry.alternates.get(key)
+        cache = self.registry.alternates
+        hit = cache.get(key)
         if hit is not None:
             return hit
         out = []
@@ -228,9 +220,7 @@ class ObjectSnapshot:
             self.fs.note("realpath")
             out.append((line, os.path.realpath(os.path.join(self.objects_dir, line))))
         result = tuple(out)
-        if len(self.registry.alternates) >= 10_000:
-            self.registry.alternates.clear()
-        self.registry.alternates[key] = result
+        cache.put(key, result)
         return result
 
     # -- loose objects ----------------------------------------------------------
@@ -255,8 +245,9 @@ class ObjectSnapshot:
         if listing is None:
             return frozenset()
         self.dirs.check_links(self.fs, fanout, listing)  # loose objects are read by name
-        cached = self.registry.fanout_ids.get((self.objects_dir, name))
-        if cached is not None and cached[0] == listing.key:
+        cache = self.registry.fanout_ids
+        cached = cache.get((self.objects_dir, name), lambda c: c[0] == listing.key)
+        if cached is not None:
             return cached[1]
         ids = set()
         for obj, _, _ in listing.entries:
@@ -266,7 +257,7 @@ class ObjectSnapshot:
                 continue  # temporary files such as tmp_obj_XXXX
         result = frozenset(ids)
         if listing.trusted:
-            self.registry.fanout_ids[(self.objects_dir, name)] = (listing.key, result)
+            cache.put((self.objects_dir, name), (listing.key, result), LOOSE_ID_COST * (1 + len(result)))
         return result
 
     def _loose_path(self, oid: bytes) -> str:

@@ -23,26 +23,9 @@ from typing import Any
 
 from .errors import StorageError
 from .lru import ByteLRU
+from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
-__all__ = [
-    "PackFile",
-    "PackFormatError",
-    "EntryHeader",
-    "OBJ_COMMIT",
-    "OBJ_TREE",
-    "OBJ_BLOB",
-    "OBJ_TAG",
-    "OFS_DELTA",
-    "REF_DELTA",
-    "TYPE_NAMES",
-    "TYPE_NUMS",
-    "parse_entry_header",
-    "encode_entry_header",
-]
-
-OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
-TYPE_NAMES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
-TYPE_NUMS = {v: k for k, v in TYPE_NAMES.items()}
+__all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
@@ -428,7 +411,7 @@ class PackFile:
         offs = self.sorted_offsets
         n = self.count
         out = array("i", bytes(4 * n))
-        pos, end = 0, offs[n]
+        end = offs[n]
         window, win_at = b"", 0
         for rank in range(n):
             start = offs[rank]
@@ -443,7 +426,6 @@ class PackFile:
                 out[rank] = -1
             else:
                 out[rank] = rank
-        del pos
         return out, 4 * n
 
     # -- entries ----------------------------------------------------------------

@@ -10,7 +10,6 @@ key (every listing it came from) is unchanged. With caching off, everything is r
 from __future__ import annotations
 
 import os
-import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_pre
 
 from .fscache import DirCache, Listing
 from .fsops import FsOps
+from .lru import ByteLRU
 
 __all__ = ["RefSnapshot", "RefCache", "read_ref_snapshot", "Peeler"]
 
@@ -26,6 +26,9 @@ Peeler = Callable[[bytes], bytes | None]
 """Given a hex object id, the hex id it peels to when it is a tag, else None."""
 
 _MAX_SYMREF_DEPTH = 5
+
+
+REF_BYTES = 250  # a Ref in a snapshot (--cache-memory): name, ids, the object itself
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,25 @@ class _PackedRefs:
 _NO_PACKED = _PackedRefs({}, {}, True)
 
 
+# Budgets, per repository, of the caches below (docs/ARCHITECTURE.md, "Caches").
+PACKED_ENTRIES = 1  # the packed-refs file as it is now
+SNAPSHOT_ENTRIES = 8  # ref states (all refs, or those under some prefixes)
+ENCODED_ENTRIES = 8  # encoded answers: advertisements and ls-refs, by kind and ref state
+
+
 @dataclass
 class RefCache:
     """Cross-request ref state of one repository (shared by threads)."""
 
-    packed: tuple[object, _PackedRefs] | None = None  # by (inode, git dir listing key)
-    snapshots: dict[tuple[object, ...], RefSnapshot] = field(default_factory=dict)
-    encoded: dict[tuple[object, ...], list[bytes]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # (packed-refs inode, git dir listing key) -> parsed packed-refs
+    packed: ByteLRU[_PackedRefs] = field(
+        default_factory=lambda: ByteLRU("packed_refs", PACKED_ENTRIES, unit="entries"))
+    # state key (every listing read) -> snapshot
+    snapshots: ByteLRU[RefSnapshot] = field(
+        default_factory=lambda: ByteLRU("ref_snapshots", SNAPSHOT_ENTRIES, unit="entries"))
+    # (kind, ref state, config key) -> the answer's 32 KiB chunks
+    encoded: ByteLRU[list[bytes]] = field(
+        default_factory=lambda: ByteLRU("advertisements", ENCODED_ENTRIES, unit="entries"))
 
 
 @dataclass(frozen=True)
@@ -131,19 +145,26 @@ class _Reader:
     cache: RefCache
     hex_len: int
     state: list[tuple[str, object]] = field(default_factory=list)
+    trusted: bool = True  # every listing in ``state`` was trusted (not racy)
+
+    def saw(self, prefix: str, listing: Listing) -> None:
+        """Add a listing the snapshot depends on to its state key."""
+        self.state.append((prefix, listing.key))
+        self.trusted = self.trusted and listing.trusted
 
     def packed(self, top: Listing) -> _PackedRefs:
         entry = top.names().get("packed-refs")
         if entry is None:
             return _NO_PACKED
         key = (entry[1], top.key)
-        cached = self.cache.packed
-        if self.dirs.enabled and cached is not None and cached[0] == key:
-            return cached[1]
+        cached = self.cache.packed.get(key) if self.dirs.enabled else None
+        if cached is not None:
+            return cached
         data = self.dirs.file(self.fs, os.path.join(self.gitdir, "packed-refs"), top) or b""
         parsed = _parse_packed_refs(data, self.hex_len)
         if top.trusted:
-            self.cache.packed = (key, parsed)
+            # What it holds, for --cache-memory: the file, and a Ref per line once built.
+            self.cache.packed.put(key, parsed, nbytes=3 * len(data) + 200 * len(parsed.values))
         return parsed
 
     def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
@@ -168,7 +189,7 @@ class _Reader:
             listing = self.dirs.listing(self.fs, path)
             if listing is None:
                 continue
-            self.state.append((prefix, listing.key))
+            self.saw(prefix, listing)
             for name, _ino, is_dir in listing.entries:
                 if not _valid_component(name):
                     continue
@@ -287,20 +308,17 @@ def read_ref_snapshot(
             # packed-refs is still read after every loose ref (see above). HEAD stays
             # the one whose target was just read.
             top = _top(fs, dirs, gitdir)
-    reader.state.append(("", top.key))
+    reader.saw("", top)
     packed = reader.packed(top)
     state = tuple(reader.state) + (tuple(prefixes),)
     hit = cache.snapshots.get(state) if dirs.enabled else None
     if hit is not None:
         return hit
     head, refs = _build(head_raw, loose, packed, hex_len, peel, prefixes, targets)
-    trusted = dirs.enabled and all(_trusted(dirs, gitdir, s) for s in reader.state)
+    trusted = dirs.enabled and reader.trusted
     snap = RefSnapshot(head, refs, hex_len, state, complete=not prefixes, cacheable=trusted)
     if trusted:
-        with cache.lock:
-            if len(cache.snapshots) >= 8:
-                cache.snapshots.clear()
-            cache.snapshots[state] = snap
+        cache.snapshots.put(state, snap, nbytes=REF_BYTES * (1 + len(refs)))
     return snap
 
 
@@ -310,7 +328,3 @@ def _top(fs: FsOps, dirs: DirCache, gitdir: str) -> Listing:
         raise FileNotFoundError(gitdir)
     return top
 
-
-def _trusted(dirs: DirCache, gitdir: str, item: tuple[str, object]) -> bool:
-    prefix = item[0]
-    return dirs.is_trusted(os.path.join(gitdir, prefix) if prefix else gitdir)

@@ -1,5 +1,6 @@
 """Process-wide state of the object layer: every open pack and commit-graph, and the caches
-of immutable facts (resolved objects, peeled tags, object sets, loose fan-out listings).
+of immutable facts (resolved objects, peeled tags, object sets, loose fan-out listings,
+alternates, packs' derived data).
 
 Open files are leased (docs/ARCHITECTURE.md I1; README.md "Open files"). Each request's
 :class:`~.odb.ObjectSnapshot` takes a lease on every pack (and the commit-graph) it froze
@@ -30,10 +31,19 @@ from .fsops import FsOps
 from .lru import ByteLRU
 from .packs import PackFile
 
-__all__ = ["PackRegistry", "HitCounter", "Leased", "DEFAULT_MAX_OPEN"]
+__all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN"]
 
 DEFAULT_MAX_OPEN = 256  # descriptors and maps; leaves most of ulimit -n 1024 to sockets
-# Per-cache caps; all of them together are held within --cache-memory (lru.MEMORY).
+
+# Budgets of the caches below (docs/ARCHITECTURE.md, "Caches"); all of them together are
+# held within --cache-memory (lru.MEMORY).
+OBJECTS_BUDGET = 16 << 20  # bytes of inflated commits, trees, tags and delta results
+PEELED_BUDGET = 64 << 20  # bytes, at PEELED_COST a tag
+PEELED_COST = 256  # a hex id, its hex target and the LRU's own bookkeeping
+OBJECT_SETS_BUDGET = 64 << 20  # bytes of object sets and pack selections
+LOOSE_IDS_BUDGET = 64 << 20  # bytes of loose object ids, at LOOSE_ID_COST an id
+LOOSE_ID_COST = 64
+ALTERNATES_ENTRIES = 10_000  # alternates files
 PACK_DATA_BUDGET = 1 << 40  # derived data of packs: bounded by --cache-memory alone
 
 
@@ -50,19 +60,11 @@ class Leased(Protocol):
     def files(self) -> tuple[tuple[str, object], ...]: ...
 
 
-class HitCounter:
-    """Hits and misses of a cache that keeps no statistics itself."""
-
-    def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
-
-
 class PackRegistry:
     """Every open :class:`PackFile` (key: pack directory, stem, idx inode, pack inode) and
     :class:`CommitGraph` (key: info directory, name, inode), least recently used first."""
 
-    def __init__(self, cache_budget: int = 16 << 20, max_open: int = DEFAULT_MAX_OPEN) -> None:
+    def __init__(self, cache_budget: int = OBJECTS_BUDGET, max_open: int = DEFAULT_MAX_OPEN) -> None:
         self._open: OrderedDict[tuple[object, ...], Leased] = OrderedDict()
         self._retired: dict[int, Leased] = {}  # retired files some request still leases
         self._lock = threading.Lock()
@@ -73,16 +75,19 @@ class PackRegistry:
         self.opened = 0
         self.evicted = 0  # closed to stay within max_open
         self.released = 0  # closed because their directory no longer lists them
-        self.objects = ByteLRU[tuple[int, bytes]](cache_budget, "objects")
+        # (pack key, offset) or ("loose", id) -> (type, content)
+        self.objects = ByteLRU[tuple[int, bytes]]("objects", cache_budget)
         # (pack key, kind) -> (data,): name prefixes, reverse index, base ranks, bitmaps
-        self.pack_data = ByteLRU[tuple[object]](PACK_DATA_BUDGET, "pack_indexes",
+        self.pack_data = ByteLRU[tuple[object]]("pack_indexes", PACK_DATA_BUDGET,
                                                 on_evict=self._pack_data_evicted)
-        self.peeled: dict[bytes, bytes | None] = {}  # hex id -> hex peeled id (immutable facts)
-        self.reach_cache: ByteLRU[object] = ByteLRU(64 << 20, "object_sets")  # of wants
-        self.fanout_ids: dict[tuple[str, str], tuple[object, frozenset[bytes]]] = {}
+        # hex id -> hex id it peels to, b"" when it is not a tag (immutable facts)
+        self.peeled = ByteLRU[bytes]("peeled", PEELED_BUDGET)
+        self.reach_cache = ByteLRU[object]("object_sets", OBJECT_SETS_BUDGET)  # of wants
+        # (objects dir, fan-out name) -> (listing key, ids)
+        self.fanout_ids = ByteLRU[tuple[object, frozenset[bytes]]]("loose_ids", LOOSE_IDS_BUDGET)
         # (objects dir, alternates file content) -> ((line, real path), ...)
-        self.alternates: dict[tuple[str, bytes], tuple[tuple[str, str], ...]] = {}
-        self.encoded_stats = HitCounter()  # encoded advertisement / ls-refs answers
+        self.alternates = ByteLRU[tuple[tuple[str, str], ...]]("alternates", ALTERNATES_ENTRIES,
+                                                              unit="entries")
 
     # -- leases ----------------------------------------------------------------
 
@@ -242,9 +247,10 @@ class PackRegistry:
         objects_dir = objects_dir.rstrip("/")
         for sub in ("pack", "info"):
             self.forget_missing(set(), os.path.join(objects_dir, sub))
-        for d in (self.fanout_ids, self.alternates):
-            for k in [k for k in list(d) if k[0] == objects_dir]:
-                d.pop(k, None)  # type: ignore[arg-type]
+        def of_repo(k: object) -> bool:
+            return isinstance(k, tuple) and k[0] == objects_dir
+        self.fanout_ids.drop_where(of_repo)
+        self.alternates.drop_where(of_repo)
 
     def sweep(self) -> int:
         """Retire open files that are no longer on disk as they were opened (same path,

@@ -187,10 +187,8 @@ def _clean_segments(rel: str) -> list[str]:
 class RepoResolver:
     """Maps URL paths to :class:`Repo` objects; caches positive answers per real path."""
 
-    def __init__(self, root: str, cross_request_cache: bool = True,
-                 allow_outside: bool = False) -> None:
+    def __init__(self, root: str, allow_outside: bool = False) -> None:
         self.root = os.path.realpath(root)
-        self.cross_request_cache = cross_request_cache
         self.allow_outside = allow_outside  # --allow-symlinks-outside-root
         self._repos: dict[str, Repo] = {}
         self._by_url: dict[str, str] = {}

@@ -6,7 +6,10 @@ Every server here is dedicated to one test, so counter deltas are exact."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,6 +28,7 @@ from obsutil import (
     metric_names,
     object_count,
     push_commit,
+    samples,
     scrape,
     start_captured,
     total,
@@ -334,3 +338,48 @@ def test_internal_error_is_counted_as_5xx(obs_root: Path, start_server, git: Git
     for command in failed:
         assert value(after, "gitspout_requests_total", service=UP, protocol="2", command=command,
                      status="500") == failed.count(command), command
+
+
+def _pkt(payload: bytes) -> bytes:
+    return b"%04x" % (len(payload) + 4) + payload
+
+
+def test_pool_busy_gauge_counts_pack_streaming(tmp_path: Path, start_server, git: Git) -> None:
+    """The pack is produced in the server's thread pool, step by step while it streams: the
+    pool gauges must see that work (it once went to the executor past them). Loose random
+    blobs make each step slow (inflated, then deflated again for the pack), so a scrape
+    taken while the body arrives finds a pool thread busy."""
+    repo = tmp_path / "served" / "big.git"
+    git.run("init", "-q", "--bare", "-b", "main", str(repo))
+    rng = random.Random(20240917)
+    entries = []
+    for i in range(6):
+        blob = tmp_path / f"blob{i}"
+        blob.write_bytes(rng.randbytes(4 << 20))
+        oid = git.out("--git-dir", str(repo), "hash-object", "-w", str(blob)).strip()
+        entries.append(f"100644 blob {oid}\tb{i}.bin\n")
+    tree = git.out("--git-dir", str(repo), "mktree", input="".join(entries).encode()).strip()
+    env = {"GIT_AUTHOR_DATE": "1600000000 +0000", "GIT_COMMITTER_DATE": "1600000000 +0000"}
+    commit = git.out("--git-dir", str(repo), "commit-tree", tree, "-m", "big", env=env).strip()
+    git.run("--git-dir", str(repo), "update-ref", "refs/heads/main", commit)
+    srv = start_server(tmp_path / "served", "--threads", "2")
+    body = (_pkt(b"command=fetch\n") + b"0001" + _pkt(f"want {commit}\n".encode())
+            + _pkt(b"ofs-delta\n") + _pkt(b"no-progress\n") + _pkt(b"done\n") + b"0000")
+    request = urllib.request.Request(f"{srv.url}/big.git/{UP}", data=body, headers={
+        "Content-Type": f"application/x-{UP}-request", "Git-Protocol": "version=2"})
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        # The headers are here: the fetch was planned; what the pool does from now on is
+        # producing the pack.
+        received: list[int] = []
+        reader = threading.Thread(target=lambda: received.append(len(resp.read())))
+        reader.start()
+        busy = []
+        while reader.is_alive():
+            busy.append(value(samples(scrape(srv.url)), "gitspout_thread_pool_busy"))
+            time.sleep(0.01)
+        reader.join()
+    assert received and received[0] > 6 * (4 << 20)
+    assert max(busy) >= 1, f"no scrape of {len(busy)} saw a busy pool thread"
+    after = wait_idle(srv.url)
+    assert value(after, "gitspout_thread_pool_busy") == 0
+    assert value(after, "gitspout_thread_pool_queue_length") == 0

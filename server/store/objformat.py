@@ -1,0 +1,49 @@
+"""The tables of git's object format, written once: object type numbers and names, tree
+entry modes, and the hash length of each object format.
+
+Type numbers are those of pack entry headers (Documentation/gitformat-pack); names are
+those of loose object headers and of a tag's ``type`` line. Hash lengths come from
+``protocol.oid.HEX_LEN`` (the wire's table), halved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from gitspout.protocol.oid import HEX_LEN
+
+__all__ = [
+    "OBJ_COMMIT",
+    "OBJ_TREE",
+    "OBJ_BLOB",
+    "OBJ_TAG",
+    "OFS_DELTA",
+    "REF_DELTA",
+    "TYPE_NAMES",
+    "TYPE_NUMS",
+    "MODE_TYPE",
+    "MODE_TREE",
+    "MODE_GITLINK",
+    "HASH_LEN",
+    "HASH_ID_LEN",
+    "new_hash",
+]
+
+OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
+TYPE_NAMES = {OBJ_COMMIT: b"commit", OBJ_TREE: b"tree", OBJ_BLOB: b"blob", OBJ_TAG: b"tag"}
+TYPE_NUMS = {name: num for num, name in TYPE_NAMES.items()}
+
+# A tree entry's mode: ``mode & MODE_TYPE`` is MODE_TREE for a subtree; a gitlink (a
+# submodule's commit) names an object of another repository.
+MODE_TYPE, MODE_TREE, MODE_GITLINK = 0o170000, 0o040000, 0o160000
+
+HASH_LEN = {fmt: hex_len // 2 for fmt, hex_len in HEX_LEN.items()}
+"""Binary id length by object format (``extensions.objectFormat``): sha1 20, sha256 32."""
+HASH_ID_LEN = {1: HASH_LEN["sha1"], 2: HASH_LEN["sha256"]}
+"""Binary id length by the hash id that git's binary files record (commit-graph, ...)."""
+_HASH_NEW = {HASH_LEN["sha1"]: hashlib.sha1, HASH_LEN["sha256"]: hashlib.sha256}
+
+
+def new_hash(hash_len: int) -> hashlib._Hash:
+    """A fresh hash object of the object format whose ids are ``hash_len`` bytes long."""
+    return _HASH_NEW[hash_len]()

@@ -1,0 +1,71 @@
+"""The one LRU every cache uses (server/store/lru.py) and its per-name statistics, as
+/metrics exports them (docs/ARCHITECTURE.md, "Caches")."""
+
+from __future__ import annotations
+
+import itertools
+
+from gitspout.server.app.metrics import Metrics
+from gitspout.server.store.lru import ByteLRU, all_cache_stats
+
+_names = itertools.count()
+
+
+def _name() -> str:
+    return f"test_cache_{next(_names)}"  # statistics are process-wide: one name per test
+
+
+def test_entries_budget_evicts_least_recently_used() -> None:
+    cache = ByteLRU[str](_name(), 2, unit="entries")
+    cache.put("a", "A")
+    cache.put("b", "B")
+    assert cache.get("a") == "A"  # "a" is now the most recent
+    cache.put("c", "C")
+    assert "b" not in cache and cache.get("a") == "A" and cache.get("c") == "C"
+    assert cache.get("b") is None
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (3, 1, 1)
+
+
+def test_bytes_budget_and_large_values() -> None:
+    cache = ByteLRU[bytes](_name(), 800)
+    cache.put("big", b"x", 101)  # more than an eighth of the budget: not kept
+    assert "big" not in cache
+    for i in range(10):
+        cache.put(i, b"v", 100)
+    assert cache.size == 800 and len(cache) == 8 and cache.stats.evictions == 2
+    cache.put(9, b"w", 50)  # replacing a value is not an eviction
+    assert cache.size == 750 and cache.stats.evictions == 2 and cache.get(9) == b"w"
+    cache.pop(9)
+    assert cache.size == 700 and cache.stats.evictions == 2
+
+
+def test_rejected_value_is_a_miss() -> None:
+    cache = ByteLRU[tuple[int, str]](_name(), 10, unit="entries", shared=False)
+    cache.put("dir", (1, "listing"))
+    assert cache.get("dir", lambda v: v[0] == 2) is None
+    assert cache.get("dir", lambda v: v[0] == 1) == (1, "listing")
+    assert (cache.stats.hits, cache.stats.misses) == (1, 1)
+
+
+def test_statistics_are_per_name_over_instances() -> None:
+    name = _name()
+    one, two = ByteLRU[int](name, 1, unit="entries"), ByteLRU[int](name, 1, unit="entries")
+    for cache in (one, two):
+        cache.put(1, 1)
+        cache.put(2, 2)
+        cache.get(2)
+    assert one.stats is two.stats
+    assert (one.stats.hits, one.stats.evictions) == (2, 2)
+    assert [s.name for s in all_cache_stats()].count(name) == 1
+
+
+def test_metrics_export_lookups_and_evictions_by_name() -> None:
+    name = _name()
+    cache = ByteLRU[int](name, 1, unit="entries")
+    cache.put(1, 1)
+    cache.put(2, 2)
+    cache.get(1)
+    text = Metrics().scrape().decode()
+    assert f'gitspout_cache_evictions_total{{cache="{name}"}} 1.0' in text
+    assert f'gitspout_cache_lookups_total{{cache="{name}",result="miss"}} 1.0' in text
+    assert f'gitspout_cache_lookups_total{{cache="{name}",result="hit"}} 0.0' in text
