@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,12 @@ def fsck(git: Git, path: Path) -> None:
     git.run("fsck", "--no-progress", "--no-dangling", cwd=path)
 
 
+# Flags every test-started server gets, e.g. GITSPOUT_TEST_SERVER_ARGS="--max-open-packs 8
+# --cache-memory 8MiB" (make test runs tests/compat once that way: same answers under tiny
+# budgets). Read by the tests, never passed on to the server's environment.
+SERVER_ARGS = tuple(shlex.split(os.environ.get("GITSPOUT_TEST_SERVER_ARGS", "")))
+
+
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  timeout: float = 20.0, output: list[str] | None = None,
                  nofile: int | None = None) -> LiveServer:
@@ -166,7 +173,7 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
     limit, as ``ulimit -n`` would.
     """
     cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
-           "--host", "127.0.0.1", "--port", "0", *extra_args]
+           "--host", "127.0.0.1", "--port", "0", *SERVER_ARGS, *extra_args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     full_env.update(env or {})
 

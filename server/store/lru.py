@@ -9,8 +9,9 @@ Every cache shared across requests also counts against one :class:`MemoryBudget`
 process-wide :data:`MEMORY` (``--cache-memory``), in bytes: a cache counted in entries
 tells what each entry holds (``nbytes`` on ``put``, else ``entry_bytes``). When all of them
 together hold more than that budget, the least recently used cache gives up its least
-recently used values until they fit: a cache of a repository nobody asked for lately goes
-first, the cache every request uses last.
+recently used values until they fit (with room to spare: down to 7/8 of the budget): a
+cache of a repository nobody asked for lately goes first, the cache every request uses
+last.
 """
 
 from __future__ import annotations
@@ -103,13 +104,16 @@ class MemoryBudget:
                 return
             self._settling = True  # one thread evicts; others go on meanwhile
         try:
-            while self.total > self.limit:
-                with self._lock:
-                    held = [c for c in self._caches if c.held > 0]
-                if not held:
+            # Down to 7/8 of the limit, so that a full budget is not settled again at each
+            # put; the caches ordered once per settling (there may be thousands: each
+            # repository's, each pack's decoded bitmaps).
+            target = self.limit - self.limit // 8
+            with self._lock:
+                held = sorted((c for c in self._caches if c.held > 0), key=lambda c: c.last_use)
+            for victim in held:
+                if self.total <= target:
                     break
-                victim = min(held, key=lambda c: c.last_use)
-                self.evictions += victim.shed(self.total - self.limit)
+                self.evictions += victim.shed(self.total - target)
         finally:
             with self._lock:
                 self._settling = False

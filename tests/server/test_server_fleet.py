@@ -3,9 +3,10 @@
 
 320 bitmapped repositories (one template built with git, then copied under other names),
 each cloned once with the real git client and fsck'ed, against one gitspout started with
-``--max-open-packs 8``. Afterwards the server holds at most the budget in pack and
-commit-graph descriptors and maps, over the descriptors it had before the first request
-(plus a few sockets that may still be closing).
+``--max-open-packs 8 --cache-memory 8MiB``. Afterwards the server holds at most the budget
+in pack and commit-graph descriptors and maps, over the descriptors it had before the first
+request (plus a few sockets that may still be closing), and its RSS grew by at most the
+memory budget plus a fixed allowance.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from gitutil import Committer, Git, git_env, open_files, start_server, wait_unti
 
 REPOS = 320
 BUDGET = 8
+MEMORY = 8 << 20  # --cache-memory 8MiB
 SOCKET_SLACK = 4  # connections of the last clients, which the server may still be closing
+RSS_SLACK = 32 << 20  # what a Python process grows by anyway (allocator arenas, imports)
 
 
 def _template(git: Git, where: Path) -> Path:
@@ -48,10 +51,10 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _in_flight(url: str) -> float:
+def _metric(url: str, name: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith("gitspout_requests_in_flight "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
     return -1.0
 
@@ -73,7 +76,8 @@ def test_fleet_of_repositories_within_the_open_file_budget(git: Git, tmp_path: P
     root = tmp_path / "fleet"
     for i in range(REPOS):
         shutil.copytree(tpl, root / f"team{i % 8}" / f"repo{i:04d}.git", symlinks=True)
-    server = start_server(root, ["--max-open-packs", str(BUDGET), "--sweep-interval", "0"])
+    server = start_server(root, ["--max-open-packs", str(BUDGET), "--cache-memory", str(MEMORY),
+                                 "--sweep-interval", "0"])
     env = git_env(git.home)
     scratch = tmp_path / "clones"
     scratch.mkdir()
@@ -98,7 +102,8 @@ def test_fleet_of_repositories_within_the_open_file_budget(git: Git, tmp_path: P
         with ThreadPoolExecutor(4) as pool:
             failures = [f for f in pool.map(clone, range(REPOS)) if f]
         assert not failures, f"{len(failures)} clones failed: " + "\n".join(failures[:5])
-        assert wait_until(lambda: _in_flight(server.url) <= 1, timeout=10)  # the scrape itself
+        # <= 1: the scrape itself
+        assert wait_until(lambda: _metric(server.url, "gitspout_requests_in_flight") <= 1, 10)
 
         fds, maps = _pack_files(pid, root)
         total = len(open_files(pid))
@@ -108,6 +113,9 @@ def test_fleet_of_repositories_within_the_open_file_budget(git: Git, tmp_path: P
         # Python's mmap keeps a descriptor of its own: every map is also one of the fds.
         assert len(fds) <= BUDGET and set(maps) <= set(fds), "\n".join(["fds:", *fds, "maps:", *maps])
         assert total <= baseline + BUDGET + SOCKET_SLACK, open_files(pid)
+        assert _metric(server.url, 'gitspout_open_files_closed_total{reason="evicted"}') > 0
+        assert 0 < _metric(server.url, "gitspout_cache_memory_bytes") <= MEMORY
+        assert (rss_after - rss_before) * 1024 <= MEMORY + RSS_SLACK
         assert os.path.isdir(root)
     finally:
         server.stop()
