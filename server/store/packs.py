@@ -8,7 +8,6 @@ index (entry boundaries) and bitmaps lazily, once. It is safe to share between t
 from __future__ import annotations
 
 import errno
-import heapq
 import mmap
 import os
 import struct
@@ -17,7 +16,7 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +105,23 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
 
 def _replaced(path: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
+
+
+class _LazyBaseRanks(Sequence[int]):
+    """Base ranks of the entries asked for, each read from its header once."""
+
+    def __init__(self, pack: PackFile) -> None:
+        self._pack = pack
+        self._known: dict[int, int] = {}
+
+    def __getitem__(self, rank: int) -> int:  # type: ignore[override]
+        base = self._known.get(rank)
+        if base is None:
+            base = self._known[rank] = self._pack.base_rank_at(rank)
+        return base
+
+    def __len__(self) -> int:
+        return self._pack.count
 
 
 class PackFile:
@@ -343,18 +359,9 @@ class PackFile:
         return order
 
     def _sort_by_offset(self, offsets: array) -> array:
-        """Index positions in offset order, sorted in slices and merged, so that the only
-        large structures are flat arrays (a list of a million ints would cost 40 MB)."""
-        n = len(offsets)
-        step = 1 << 16
-        runs = []
-        for lo in range(0, n, step):
-            keys = sorted((offsets[i] << 24) | i for i in range(lo, min(n, lo + step)))
-            runs.append(array("Q", keys))
-        order = array("I", bytes(4 * n))
-        for k, key in enumerate(heapq.merge(*runs)):
-            order[k] = key & 0xFFFFFF
-        return order
+        """Index positions in offset order: one sort in C keyed by the offsets array (the
+        list of positions it sorts is transient; it becomes a flat array at once)."""
+        return array("I", sorted(range(len(offsets)), key=offsets.__getitem__))
 
     def _load_reverse(self) -> None:
         order, inverse, sorted_offsets = self.derived("reverse", self._compute_reverse)
@@ -400,6 +407,29 @@ class PackFile:
             order = self.derived("reverse", self._compute_reverse)[0]
             self._load_reverse()
         return order
+
+    def base_ranks_for(self, selected: int) -> Sequence[int]:
+        """Base ranks (as :meth:`base_ranks`) for an outgoing pack that copies ``selected``
+        entries of this one: the whole table when it is known already or the selection is
+        a large part of the pack (one sequential read of every header), else read entry by
+        entry as asked (a fetch of a few objects must not parse the whole pack, cold)."""
+        if "base_ranks" in self.extra or selected * 8 >= self.count:
+            return self.base_ranks()  # type: ignore[no-any-return]
+        cache = self.data_cache
+        if cache is not None:
+            hit = cache.get((self.key, "base_ranks"))
+            if hit is not None:
+                return hit[0]  # type: ignore[return-value]
+        return _LazyBaseRanks(self)
+
+    def base_rank_at(self, rank: int) -> int:
+        """The base rank of one entry (see :meth:`base_ranks`), from its header."""
+        offs = self.sorted_offsets
+        hdr = self.read_header(offs[rank])
+        if hdr.type_num == OFS_DELTA:
+            assert hdr.base_offset is not None
+            return bisect_left(offs, hdr.base_offset, 0, rank)
+        return -1 if hdr.type_num == REF_DELTA else rank
 
     def base_ranks(self) -> array:
         """Per pack-order rank: the rank itself for whole objects, the base's rank for
