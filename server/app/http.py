@@ -26,7 +26,9 @@ from gitspout.protocol.ls_refs import parse_ls_refs_args
 from gitspout.protocol.object_info import parse_object_info_args
 from gitspout.protocol.pktline import PktBuffer
 
-from ..core.upload import FetchPlan, RequestContext, plan_fetch
+from ..core import answers
+from ..core.context import RequestContext
+from ..core.fetch import FetchPlan, plan_fetch
 from ..packgen.packplan import iter_pack
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
@@ -215,8 +217,8 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
         chunks = await state.run(lambda: _capabilities_body(ctx))
     else:
         header = [format_service_header(UPLOAD_PACK.encode())]
-        chunks = await state.run(lambda: ctx.encoded(
-            ("v0", version), lambda: ctx.v0_advertisement(version), header))
+        chunks = await state.run(lambda: answers.encoded(
+            ctx, ("v0", version), lambda: answers.v0_advertisement(ctx, version), header))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-advertisement")
     writer = PktWriter(resp, record=rec)
     await writer.chunks(chunks)
@@ -227,7 +229,7 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
 
 def _capabilities_body(ctx: RequestContext) -> list[bytes]:
     buf = PktBuffer()
-    for payload in ctx.v2_capabilities():
+    for payload in answers.v2_capabilities(ctx):
         buf.add(payload)
     buf.add_flush()
     return [buf.take()]
@@ -345,7 +347,7 @@ class _V2Answer:
 def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     """Parse the command and, for ls-refs and object-info, produce the whole answer: one
     trip to the pool, so a listing costs its writes and not extra event-loop wake-ups."""
-    features = ctx.v2_features()
+    features = answers.v2_features(ctx)
     cmd = parse_command_request(body, features)
     if cmd is None:
         return _V2Answer()
@@ -353,13 +355,13 @@ def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
         kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
-        answer.chunks = ctx.encoded(kind, lambda: ctx.ls_refs(ls))
+        answer.chunks = answers.encoded(ctx, kind, lambda: answers.ls_refs(ctx, ls))
     elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         buf = PktBuffer()
         # PktBuffer hands back a chunk every 32 KiB: keep each (an answer for a few
         # thousand ids used to lose all but its tail).
-        chunks = [c for c in map(buf.add, ctx.object_info(oi)) if c]
+        chunks = [c for c in map(buf.add, answers.object_info(ctx, oi)) if c]
         chunks += [c for c in (buf.add_flush(), buf.take()) if c]
         answer.chunks = chunks
     else:

@@ -11,8 +11,9 @@ import hashlib
 import time
 from collections.abc import Iterator, Sequence
 
+from ..core.context import RequestContext
+from ..core.fetch import FetchPlan
 from ..core.stats import Progress
-from ..core.upload import FetchPlan, RequestContext
 from ..graph.bitmapwalk import BitmapIndex, Reach, ReachSet, bitmap_filter_supported, open_bitmap_index
 from ..graph.reachability import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits

@@ -165,7 +165,7 @@ def test_ls_refs_matches_c_git(name: str) -> None:
     assert cmd is not None and cmd.command == b"ls-refs"
     req = parse_ls_refs_args(cmd.args)
     if not features.advertise_unborn:
-        # server/upload.py: lsrefs.unborn=ignore drops the argument (ls-refs.c does too).
+        # server/core/answers.py: lsrefs.unborn=ignore drops the argument (ls-refs.c does too).
         req = LsRefsRequest(req.peel, req.symrefs, False, req.prefixes)
     head, refs = head_and_refs(ex.repo)
     assert frame(iter_ls_refs(req, head, refs)) + FLUSH_PKT == ex.response

@@ -1,0 +1,163 @@
+"""One request's view of one repository: config, refs and objects, each read once.
+
+Everything here is blocking and runs in the server's thread pool. The answers built from it
+live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their cache) and
+:mod:`.fetch` (the fetch plan and the want policy).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gitspout.protocol.errors import ClientError
+from gitspout.protocol.refs import HeadInfo, Ref
+
+from ..graph.commits import CommitSource
+from ..store.errors import StorageError
+from ..store.fscache import DirCache
+from ..store.fsops import FsOps
+from ..store.objformat import HASH_LEN
+from ..store.odb import ObjectSnapshot, PackRegistry
+from ..store.refs import RefSnapshot, read_ref_snapshot
+from ..store.registry import PEELED_COST
+from ..store.repos import Repo, RepoConfig
+from .stats import PackStats
+
+__all__ = ["RequestContext"]
+
+
+@dataclass
+class RequestContext:
+    """One request's view of one repository: config, refs and objects, each read once."""
+
+    repo: Repo
+    registry: PackRegistry
+    agent: bytes
+    dirs: DirCache = field(default_factory=lambda: DirCache(enabled=False))
+    fs: FsOps = field(default_factory=FsOps)
+    phases: dict[str, float] = field(default_factory=dict)
+    _config: RepoConfig | None = None
+    _refs: RefSnapshot | None = None
+    _odb: ObjectSnapshot | None = None
+    _src: CommitSource | None = None
+    pack_stats: PackStats | None = None
+    _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
+
+    # Who still uses this context: the handler, and each pool job running for it. The
+    # packs the request froze are leased until the last of them lets go (store/registry.py).
+    _holds: int = 1
+    _closed: bool = False
+    _holds_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hold(self) -> None:
+        """Pool work for this request starts (queued or running)."""
+        with self._holds_lock:
+            self._holds += 1
+
+    def unhold(self) -> None:
+        """A holder is done; the last one gives the object snapshot's leases back."""
+        with self._holds_lock:
+            self._holds -= 1
+            last = self._holds == 0
+        if last and self._odb is not None:
+            self._odb.close()
+
+    def close(self) -> None:
+        """The handler is done (the pool may still be finishing work for it)."""
+        with self._holds_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.unhold()
+
+    # -- lazily read state ---------------------------------------------------
+
+    @property
+    def config(self) -> RepoConfig:
+        if self._config is None:
+            self._config = self.repo.config(self.fs, self.dirs)
+        return self._config
+
+    @property
+    def object_format(self) -> str:
+        fmt = self.config.object_format
+        if fmt not in HASH_LEN:
+            raise ClientError(f"unsupported object format {fmt}", http_status=403)
+        return fmt
+
+    @property
+    def hash_len(self) -> int:
+        return HASH_LEN[self.object_format]
+
+    @property
+    def odb(self) -> ObjectSnapshot:
+        if self._odb is None:
+            self._odb = ObjectSnapshot(self.repo.objects_dir, self.hash_len, self.registry,
+                                       self.fs, dirs=self.dirs)
+        return self._odb
+
+    @property
+    def src(self) -> CommitSource:
+        if self._src is None:
+            self._src = CommitSource(self.odb, self.odb.commit_graph())
+        return self._src
+
+    @property
+    def refs(self) -> RefSnapshot:
+        if self._refs is None:
+            self._refs = read_ref_snapshot(self.repo.gitdir, self.fs, self.dirs,
+                                           self.repo.ref_cache, self.hash_len * 2, self._peel)
+        return self._refs
+
+    def _peel(self, oid_hex: bytes) -> bytes | None:
+        """Peel a loose ref's value when it names a tag (cached process-wide by id)."""
+        cache = self.registry.peeled
+        hit = cache.get(oid_hex)
+        if hit is not None:
+            return hit or None  # b"": not a tag
+        try:
+            target, _, tags = self.src.peel(bytes.fromhex(oid_hex.decode("ascii")))
+        except (StorageError, ValueError):  # a damaged object: advertised without peeling
+            return None
+        result = target.hex().encode() if tags else b""
+        cache.put(oid_hex, result, PEELED_COST)
+        return result or None
+
+    def visible(self) -> tuple[HeadInfo | None, list[Ref]]:
+        return self.refs.visible(self.config.hide_refs)
+
+    def timed(self, phase: str, start: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - start
+
+    def refs_with_prefixes(self, prefixes: Sequence[bytes]) -> RefSnapshot:
+        """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
+        without reading every ref directory. Read once per request."""
+        if not prefixes or self._refs is not None:
+            return self.refs
+        key = tuple(prefixes)
+        snap = self._prefixed.get(key)
+        if snap is None:
+            snap = self._prefixed[key] = read_ref_snapshot(
+                self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache, self.hash_len * 2,
+                self._peel, prefixes)
+        return snap
+
+    def refs_state(self, kind: tuple[object, ...]) -> tuple[object, ...]:
+        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
+        snap = self.refs_with_prefixes(prefixes)  # type: ignore[arg-type]
+        return snap.state
+
+    def refs_cacheable(self, kind: tuple[object, ...]) -> bool:
+        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
+        return self.refs_with_prefixes(prefixes).cacheable  # type: ignore[arg-type]
+
+    def tips(self) -> set[bytes]:
+        """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
+        head, refs = self.visible()
+        tips = {bytes.fromhex(r.oid.decode()) for r in refs}
+        if head is not None and head.oid is not None:
+            tips.add(bytes.fromhex(head.oid.decode()))
+        return tips

@@ -1,0 +1,165 @@
+"""A fetch, decided before the response starts (ARCHITECTURE.md I4): the want policy
+(ARCHITECTURE.md I7), filters allowed by the repository, the shallow plan and the
+negotiation. Blocking; runs in the server's thread pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gitspout.protocol.errors import Refusal
+from gitspout.protocol.fetch_request import FetchRequest
+from gitspout.protocol.filters import (
+    FilterSpec,
+    SparseOid,
+    TreeDepth,
+    filter_config_name,
+    iter_filter_leaves,
+)
+from gitspout.protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
+from gitspout.protocol.refs import Ref
+
+from ..graph.negotiation import HaveTracker
+from ..graph.reachability import check_wants, reachable_subset
+from ..graph.shallow import ShallowPlan, plan_shallow
+from ..store.objformat import OBJ_COMMIT
+from ..store.odb import ObjectStoreError
+from ..store.repos import RepoConfig
+from .context import RequestContext
+
+__all__ = ["FetchPlan", "plan_fetch"]
+
+log = logging.getLogger("gitspout")
+
+
+@dataclass
+class FetchPlan:
+    """Everything decided before the response starts."""
+
+    req: FetchRequest
+    wants: list[bytes]
+    shallow: ShallowPlan
+    v0: V0Answer | None = None
+    v2: V2Answer | None = None
+    wanted_refs: list[tuple[bytes, bytes]] = field(default_factory=list)
+    common: list[bytes] = field(default_factory=list)
+
+    @property
+    def send_pack(self) -> bool:
+        if self.v0 is not None:
+            return self.v0.send_pack
+        return self.v2 is not None and self.v2.send_pack
+
+
+def _check_filter(cfg: RepoConfig, spec: FilterSpec | None) -> None:
+    if spec is None:
+        return
+    for leaf in [spec, *iter_filter_leaves(spec)]:
+        name = filter_config_name(leaf)
+        if isinstance(leaf, SparseOid):
+            raise Refusal("filter 'sparse:oid' not supported by this server")
+        allowed = cfg.filter_allow.get(name, cfg.filter_allow_default)
+        if not allowed:
+            raise Refusal(f"filter '{name}' not supported")
+        if isinstance(leaf, TreeDepth) and cfg.tree_filter_max_depth is not None:
+            if leaf.depth > cfg.tree_filter_max_depth:
+                raise Refusal(
+                    f"tree filter allows max depth {cfg.tree_filter_max_depth}, "
+                    f"but got {leaf.depth}")
+
+
+def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
+    """refs.c expand_ref's rules (the dwim a client may lean on for deepen-not)."""
+    rules = [b"%s", b"refs/%s", b"refs/tags/%s", b"refs/heads/%s", b"refs/remotes/%s",
+             b"refs/remotes/%s/HEAD"]
+    found = [refs[r % name] for r in rules if (r % name) in refs]
+    if len(found) > 1 and len({f.oid for f in found}) > 1:
+        raise Refusal(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}")
+    if not found:
+        raise Refusal(f"git upload-pack: deepen-not is not a ref: {name.decode('utf-8', 'replace')}")
+    return found[0]
+
+
+def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
+    """Validate and decide (blocking). Raises :class:`Refusal` to refuse in-band."""
+    start = time.monotonic()
+    cfg = ctx.config
+    if req.filter is not None:
+        if not cfg.allow_filter:
+            raise Refusal("git upload-pack: filtering capability not negotiated")
+        _check_filter(cfg, req.filter)
+    head, refs = ctx.visible()
+    by_name = {r.name: r for r in refs}
+    wants = [bytes.fromhex(w.decode()) for w in req.wants]
+    wanted_refs: list[tuple[bytes, bytes]] = []
+    if head is not None and head.oid is not None:
+        by_name.setdefault(b"HEAD", Ref(b"HEAD", head.oid))
+    for name in req.want_refs:
+        ref = by_name.get(name)
+        if ref is None:
+            raise Refusal(f"unknown ref {name.decode('utf-8', 'replace')}")
+        wanted_refs.append((name, ref.oid))
+        wants.append(bytes.fromhex(ref.oid.decode()))
+    _check_want_policy(ctx, wants)
+    src = ctx.src
+    client_shallows = _known_commits(ctx, req.shallows)
+    deepen_not = [bytes.fromhex(_expand_ref(n, by_name).oid.decode()) for n in req.deepen_not]
+    try:
+        shallow = plan_shallow(src, req, wants, client_shallows, deepen_not)
+    except ObjectStoreError as exc:
+        raise Refusal(f"git upload-pack: {exc}") from None
+    tracker = HaveTracker(src, wants + list(shallow.extra_wants))
+    plan = FetchPlan(req, wants, shallow, wanted_refs=wanted_refs)
+    if req.version == 2:
+        plan.v2 = negotiate_v2(req, tracker)
+    else:
+        plan.v0 = negotiate_v0(req, tracker)
+    plan.common = list(tracker.common)
+    ctx.timed("negotiate", start)
+    return plan
+
+
+def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes]:
+    """The client's shallow lines that we may act on: commits we have that are reachable
+    from a visible ref. The others are ignored, as upload-pack ignores unknown ones.
+
+    A shallow commit is unshallowed by deepening, and its parents (with their trees and
+    blobs) are then sent: a shallow line naming a commit reachable only from a hidden ref
+    would be a way round the want check (ARCHITECTURE.md, "one reachability rule"). So the
+    rule applied to wants applies here too, before anything else looks at the commit; an id
+    that fails it gets no error either, which would tell the client that it exists.
+    """
+    known: list[bytes] = []
+    for hex_oid in dict.fromkeys(shallows):
+        oid = bytes.fromhex(hex_oid.decode())
+        if ctx.odb.contains(oid):
+            known.append(oid)
+    if known and not ctx.config.allow_any_sha1:
+        allowed = reachable_subset(ctx.src, known, ctx.tips(), ctx.registry.reach_cache)
+        dropped = [o for o in known if o not in allowed]
+        if dropped:
+            log.info("ignoring %d shallow line(s) of %s not reachable from visible refs: %s",
+                     len(dropped), ctx.repo.url_path, dropped[0].hex())
+        known = [o for o in known if o in allowed]
+    for oid in known:
+        if ctx.src.object_type(oid) != OBJ_COMMIT:
+            raise Refusal(f"invalid shallow object {oid.hex()}")
+    return known
+
+
+def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
+    """Every want must exist and, unless allowAnySHA1InWant, be reachable from a visible
+    ref (ARCHITECTURE.md P7). The refusal names the first offending id, as C git does."""
+    # A want is a true miss: the object list may be older than a concurrent repack, so
+    # look again (one rescan per request at most) before calling it unknown.
+    missing = [w for w in wants if ctx.odb.locate(w, needed=True) is None]
+    if not missing and ctx.config.allow_any_sha1:
+        return
+    bad = missing[0] if missing else check_wants(ctx.src, wants, ctx.tips())
+    if bad is not None:
+        log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
+                 ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
+                 ctx.odb.rescans, len(ctx.odb.packs))
+        raise Refusal(f"upload-pack: not our ref {bad.hex()}")
