@@ -72,7 +72,11 @@ class HavesEnd(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
-    """Everything a client asked for in one fetch, in either protocol version."""
+    """Everything a client asked for in one fetch, in either protocol version.
+
+    ``wants``, ``haves`` and ``shallows`` are binary object ids (converted once, from hex,
+    by the parser); ``want_refs`` and ``deepen_not`` are ref names as sent.
+    """
 
     version: int
     wants: tuple[bytes, ...] = ()

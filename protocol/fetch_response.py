@@ -27,6 +27,7 @@ import enum
 from collections.abc import Iterable, Iterator, Sequence
 
 from .negotiate import V0Answer, V2Answer
+from .oid import oid_hex
 
 __all__ = [
     "Mark",
@@ -50,12 +51,12 @@ class Mark(enum.Enum):
 
 
 def iter_shallow_lines(shallow: Iterable[bytes], unshallow: Iterable[bytes]) -> Iterator[bytes]:
-    """``shallow <oid>`` then ``unshallow <oid>`` payloads (also the v0 shallow list).
-    No trailing LF, byte for byte as upload-pack.c writes them."""
+    """``shallow <oid>`` then ``unshallow <oid>`` payloads (also the v0 shallow list), from
+    binary ids. No trailing LF, byte for byte as upload-pack.c writes them."""
     for oid in shallow:
-        yield b"shallow " + oid
+        yield b"shallow " + oid_hex(oid)
     for oid in unshallow:
-        yield b"unshallow " + oid
+        yield b"unshallow " + oid_hex(oid)
 
 
 def iter_shallow_info(shallow: Iterable[bytes], unshallow: Iterable[bytes]) -> Iterator[bytes]:
@@ -64,7 +65,8 @@ def iter_shallow_info(shallow: Iterable[bytes], unshallow: Iterable[bytes]) -> I
 
 
 def iter_wanted_refs(refs: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
-    """``wanted-refs`` section: ``<oid> <refname>`` per requested ref."""
+    """``wanted-refs`` section: ``<oid> <refname>`` per requested ref (``oid`` is the ref's
+    value, hex as in :class:`.refs.Ref`)."""
     yield b"wanted-refs\n"
     for name, oid in refs:
         yield oid + b" " + name + b"\n"
@@ -81,7 +83,7 @@ def iter_v2_fetch_response(
 ) -> Iterator[bytes | Mark]:
     """The v2 fetch response for ``answer`` (``None``: an empty response).
 
-    ``shallow``/``unshallow`` are hex ids. A shallow-info section is sent, even empty,
+    ``shallow``/``unshallow`` are binary ids. A shallow-info section is sent, even empty,
     when a deepen was asked for (``deepen``) or the client listed shallow commits we have
     (``client_shallow``), as upload-pack.c ``send_shallow_info`` does.
     """
@@ -113,7 +115,7 @@ def iter_v0_fetch_response(
 ) -> Iterator[bytes | Mark]:
     """The v0/v1 response to one stateless POST (``answer`` ``None``: no wants, nothing).
 
-    ``shallow``/``unshallow`` are hex ids, sent (with their flush) when ``deepen``.
+    ``shallow``/``unshallow`` are binary ids, sent (with their flush) when ``deepen``.
     ``sideband``: side-band or side-band-64k frames the pack, and a flush ends it.
     """
     if answer is None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .fetch_request import FetchRequest, HavesEnd, MultiAck
+from .oid import oid_hex
 
 __all__ = ["HaveOracle", "V0Answer", "V2Answer", "negotiate_v0", "negotiate_v2"]
 
@@ -18,7 +19,7 @@ class HaveOracle(Protocol):
     """What negotiation needs to know about the repository."""
 
     def note_have(self, oid: bytes) -> bool:
-        """Record a client have; True when we have that object (it is common)."""
+        """Record a client have (a binary id); True when we have that object (it is common)."""
 
     def have_count(self) -> int:
         """How many distinct haves were recorded as common so far (``have_obj.nr``)."""
@@ -44,7 +45,8 @@ class V2Answer:
 
 
 def _ack(oid: bytes, suffix: bytes = b"") -> bytes:
-    return b"ACK " + oid + suffix + b"\n"
+    """An ACK line for the binary id ``oid``: the wire carries it in hex."""
+    return b"ACK " + oid_hex(oid) + suffix + b"\n"
 
 
 def negotiate_v0(req: FetchRequest, oracle: HaveOracle) -> V0Answer:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .errors import ClientError
-from .oid import parse_oid
+from .oid import oid_hex, parse_oid
 
 __all__ = ["ObjectInfoRequest", "parse_object_info_args", "iter_object_info"]
 
@@ -17,6 +17,8 @@ MAX_OBJECT_INFO_OIDS = 10_000
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfoRequest:
+    """``oids`` are binary object ids, in the order asked (converted once by the parser)."""
+
     size: bool
     oids: tuple[bytes, ...]
 
@@ -42,6 +44,7 @@ def iter_object_info(
     req: ObjectInfoRequest, sizes: Iterable[tuple[bytes, int | None]]
 ) -> Iterator[bytes]:
     """Payloads of the answer: ``size`` then ``<oid> <size>`` per id (empty when unknown).
+    ``sizes`` pairs binary ids with their sizes; the ids are written in hex here.
     Without ids the answer is empty (protocol-caps.c sends only the flush)."""
     if not req.oids:
         return
@@ -49,8 +52,8 @@ def iter_object_info(
         yield b"size"
     for oid, size in sizes:
         if not req.size:
-            yield oid
+            yield oid_hex(oid)
         elif size is None:
-            yield oid + b" "
+            yield oid_hex(oid) + b" "
         else:
-            yield oid + b" %d" % size
+            yield oid_hex(oid) + b" %d" % size

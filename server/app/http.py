@@ -297,8 +297,7 @@ class _Framed:
 
 
 def _shallow_args(plan: FetchPlan) -> dict[str, Any]:
-    return {"shallow": [s.hex().encode() for s in plan.shallow.shallow],
-            "unshallow": [s.hex().encode() for s in plan.shallow.unshallow],
+    return {"shallow": plan.shallow.shallow, "unshallow": plan.shallow.unshallow,
             "deepen": plan.shallow.sent}
 
 

@@ -96,12 +96,11 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     return chunks
 
 def object_info(ctx: RequestContext, req: ObjectInfoRequest) -> list[bytes]:
-    oids = [bytes.fromhex(o.decode()) for o in req.oids]
-    allowed = _reachable_subset(ctx, oids)
+    allowed = _reachable_subset(ctx, req.oids)
     sizes = []
-    for hex_oid, oid in zip(req.oids, oids, strict=True):
+    for oid in req.oids:
         found = ctx.odb.object_size(oid) if oid in allowed else None
-        sizes.append((hex_oid, found[1] if found else None))
+        sizes.append((oid, found[1] if found else None))
     return list(iter_object_info(req, sizes))
 
 def _reachable_subset(ctx: RequestContext, oids: Sequence[bytes]) -> set[bytes]:

@@ -45,6 +45,7 @@ class RequestContext:
     _src: CommitSource | None = None
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
+    _tips: frozenset[bytes] | None = None
 
     # Who still uses this context: the handler, and each pool job running for it. The
     # packs the request froze are leased until the last of them lets go (store/registry.py).
@@ -154,10 +155,15 @@ class RequestContext:
         prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
         return self.refs_with_prefixes(prefixes).cacheable  # type: ignore[arg-type]
 
-    def tips(self) -> set[bytes]:
-        """Binary ids of visible refs (and HEAD), the roots of what we may serve."""
-        head, refs = self.visible()
-        tips = {bytes.fromhex(r.oid.decode()) for r in refs}
-        if head is not None and head.oid is not None:
-            tips.add(bytes.fromhex(head.oid.decode()))
-        return tips
+    def tips(self) -> frozenset[bytes]:
+        """Binary ids of visible refs (and HEAD), the roots of what we may serve.
+
+        Ref values are hex (as read and advertised); this is where they become binary, once
+        per request: the want check, the shallow check and object-info all ask."""
+        if self._tips is None:
+            head, refs = self.visible()
+            tips = {bytes.fromhex(r.oid.decode()) for r in refs}
+            if head is not None and head.oid is not None:
+                tips.add(bytes.fromhex(head.oid.decode()))
+            self._tips = frozenset(tips)
+        return self._tips

@@ -92,7 +92,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
         _check_filter(cfg, req.filter)
     head, refs = ctx.visible()
     by_name = {r.name: r for r in refs}
-    wants = [bytes.fromhex(w.decode()) for w in req.wants]
+    wants = list(req.wants)
     wanted_refs: list[tuple[bytes, bytes]] = []
     if head is not None and head.oid is not None:
         by_name.setdefault(b"HEAD", Ref(b"HEAD", head.oid))
@@ -132,8 +132,7 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
     that fails it gets no error either, which would tell the client that it exists.
     """
     known: list[bytes] = []
-    for hex_oid in dict.fromkeys(shallows):
-        oid = bytes.fromhex(hex_oid.decode())
+    for oid in dict.fromkeys(shallows):
         if ctx.odb.contains(oid):
             known.append(oid)
     if known and not ctx.config.allow_any_sha1:

@@ -34,8 +34,7 @@ class HaveTracker:
 
     # HaveOracle -------------------------------------------------------------
 
-    def note_have(self, oid_hex: bytes) -> bool:
-        oid = bytes.fromhex(oid_hex.decode("ascii"))
+    def note_have(self, oid: bytes) -> bool:
         if not self.src.odb.contains(oid):
             return False
         before = len(self._they_have), self._oldest

@@ -80,8 +80,14 @@ def names_of(kind: str) -> list[str]:
 
 
 def label(name: str) -> bytes:
-    """The id of a commit label (A B C E F) or ``blob`` in the fixture repository."""
+    """The id of a commit label (A B C E F) or ``blob`` in the fixture repository, in hex
+    (as on the wire)."""
     return facts()["labels"][name].encode()
+
+
+def label_id(name: str) -> bytes:
+    """The binary id of :func:`label` (as parsed requests carry it)."""
+    return bytes.fromhex(facts()["labels"][name])
 
 
 UNKNOWN = b"deadbeef" * 5
@@ -132,7 +138,8 @@ def head_and_refs(repo: str = "repo") -> tuple[HeadInfo, list[Ref]]:
 
 
 class GraphOracle:
-    """A :class:`protocol.negotiate.HaveOracle` over the recorded commit graph.
+    """A :class:`protocol.negotiate.HaveOracle` over the recorded commit graph (binary ids
+    in, as parsed requests carry them; the recorded facts are hex).
 
     It follows upload-pack.c: ``do_got_oid`` (a commit have and its parents get THEY_HAVE;
     a have already marked THEY_HAVE is common but not counted again) and ``ok_to_give_up``
@@ -145,15 +152,17 @@ class GraphOracle:
         self.objects: dict[str, dict[str, Any]] = f["objects"]
         self.commits: dict[str, dict[str, Any]] = f["commits"]
         self.peel = {r["oid"]: r["peeled"] for r in f["refs"] if r["peeled"]}
-        self.wants = [w.decode() for w in wants]
+        assert all(len(w) in (20, 32) for w in wants), "wants are binary ids"
+        self.wants = [w.hex() for w in wants]
         self.they_have: set[str] = set()
         self.have_obj: list[str] = []
         self.oldest: int | None = None
         self.calls: list[tuple[str, bytes]] = []
 
     def note_have(self, oid: bytes) -> bool:
+        assert len(oid) in (20, 32), "haves are binary ids"
         self.calls.append(("note_have", oid))
-        h = oid.decode()
+        h = oid.hex()
         if h not in self.objects:
             return False
         knew = False
@@ -208,6 +217,7 @@ class ScriptedOracle:
         self.seen: list[bytes] = []
 
     def note_have(self, oid: bytes) -> bool:
+        assert len(oid) in (20, 32), "haves are binary ids"
         if oid not in self.common:
             return False
         if oid not in self.seen:

@@ -35,6 +35,10 @@ A = b"a" * 40
 B = b"b" * 40
 T = b"7" * 40
 Z = b"0" * 40
+# Shallow/unshallow lines are written from binary ids (ref values stay hex).
+A_ID = b"\xaa" * 20
+B_ID = b"\xbb" * 20
+T_ID = b"\x77" * 20
 BASE = (
     b"multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since deepen-not "
     b"deepen-relative no-progress include-tag multi_ack_detailed"
@@ -190,14 +194,14 @@ def test_fetch_features() -> None:
 
 
 def test_shallow_info_section() -> None:
-    assert list(iter_shallow_info([A], [B])) == [
+    assert list(iter_shallow_info([A_ID], [B_ID])) == [
         b"shallow-info\n", b"shallow " + A, b"unshallow " + B
     ]
     assert list(iter_shallow_info([], [])) == [b"shallow-info\n"]
 
 
 def test_shallow_lines_shallow_before_unshallow() -> None:
-    assert list(iter_shallow_lines([A, B], [T])) == [
+    assert list(iter_shallow_lines([A_ID, B_ID], [T_ID])) == [
         b"shallow " + A, b"shallow " + B, b"unshallow " + T
     ]
 
@@ -218,7 +222,7 @@ F, D, P = Mark.FLUSH, Mark.DELIM, Mark.PACK
 
 def test_v2_sections_in_spec_order() -> None:
     """ARCHITECTURE.md P9: acknowledgments, shallow-info, wanted-refs, packfile."""
-    items = list(iter_v2_fetch_response(V2Answer(ACKS, True), shallow=[A], unshallow=[B],
+    items = list(iter_v2_fetch_response(V2Answer(ACKS, True), shallow=[A_ID], unshallow=[B_ID],
                                         deepen=True, wanted_refs=[(b"refs/heads/x", T)]))
     assert items == [*ACKS, D, b"shallow-info\n", b"shallow " + A, b"unshallow " + B, D,
                      b"wanted-refs\n", T + b" refs/heads/x\n", D, PACKFILE_HEADER, P, F]
@@ -243,9 +247,9 @@ def test_v0_shallow_list_and_flush_come_first_even_empty() -> None:
     """ARCHITECTURE.md P8."""
     nak = V0Answer((b"NAK\n",), True)
     assert list(iter_v0_fetch_response(nak, deepen=True)) == [F, b"NAK\n", P, F]
-    assert list(iter_v0_fetch_response(nak, shallow=[A], deepen=True, sideband=False)) == [
+    assert list(iter_v0_fetch_response(nak, shallow=[A_ID], deepen=True, sideband=False)) == [
         b"shallow " + A, F, b"NAK\n", P]
-    assert list(iter_v0_fetch_response(nak, shallow=[A])) == [b"NAK\n", P, F]
+    assert list(iter_v0_fetch_response(nak, shallow=[A_ID])) == [b"NAK\n", P, F]
     assert list(iter_v0_fetch_response(V0Answer((), False), deepen=True)) == [F]
     assert list(iter_v0_fetch_response(None, deepen=True)) == []
 

@@ -58,7 +58,7 @@ def test_object_info_without_oids_matches_c_git() -> None:
 def test_shallow_lines_byte_exact() -> None:
     ex = EX["v0-deepen-2-two-wants"]
     c_lines = split_pkts(ex.response)[:-1]
-    shallow = [line.removeprefix(b"shallow ") for line in c_lines]
+    shallow = [bytes.fromhex(line.removeprefix(b"shallow ").decode()) for line in c_lines]
     assert list(iter_shallow_lines(shallow, [])) == c_lines
 
 

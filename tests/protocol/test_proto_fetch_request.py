@@ -20,11 +20,17 @@ from gitspout.protocol.fetch_request import (
 from gitspout.protocol.filters import BlobLimit, BlobNone, Combine, TreeDepth
 from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, RESPONSE_END_PKT, Pkt, PktKind, encode_pkt
 
+# Ids as the client writes them (hex), and as the parser hands them on (binary).
 W1 = b"1" * 40
 W2 = b"2" * 40
 H1 = b"a" * 40
 H2 = b"b" * 40
 S1 = b"5" * 40
+W1_ID = b"\x11" * 20
+W2_ID = b"\x22" * 20
+H1_ID = b"\xaa" * 20
+H2_ID = b"\xbb" * 20
+S1_ID = b"\x55" * 20
 
 ADVERTISED = frozenset(
     b"multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since deepen-not "
@@ -55,7 +61,7 @@ def h(oid: bytes) -> str:
 def test_v0_minimal() -> None:
     req = v0(w(W1), FLUSH_PKT, "done")
     assert req == FetchRequest(
-        version=0, wants=(W1,), sideband=Sideband.NONE, haves_end=HavesEnd.DONE, done=True
+        version=0, wants=(W1_ID,), sideband=Sideband.NONE, haves_end=HavesEnd.DONE, done=True
     )
 
 
@@ -63,7 +69,7 @@ def test_v0_every_capability() -> None:
     caps = ("multi_ack_detailed side-band-64k thin-pack ofs-delta no-progress include-tag "
             "deepen-relative no-done agent=git/2.39.5 session-id=s1 object-format=sha1")
     req = v0(w(W1, caps), w(W2), FLUSH_PKT, h(H1), FLUSH_PKT)
-    assert req.wants == (W1, W2) and req.haves == (H1,)
+    assert req.wants == (W1_ID, W2_ID) and req.haves == (H1_ID,)
     assert req.multi_ack is MultiAck.DETAILED and req.sideband is Sideband.LARGE
     assert req.thin_pack and req.ofs_delta and req.no_progress and req.include_tag
     assert req.deepen_relative and req.no_done
@@ -123,7 +129,7 @@ def test_v0_capability_refused_when_left_out_of_the_advertisement() -> None:
 
 
 def test_v0_object_format() -> None:
-    assert v0(w(W1, "object-format=sha1"), FLUSH_PKT, "done").wants == (W1,)
+    assert v0(w(W1, "object-format=sha1"), FLUSH_PKT, "done").wants == (W1_ID,)
     with pytest.raises(ClientError, match="mismatched object format"):
         v0(w(W1, "object-format=sha256"), FLUSH_PKT, "done")
 
@@ -133,17 +139,19 @@ def test_v0_sha256() -> None:
     raw = body(f"want {oid.decode()} object-format=sha256", FLUSH_PKT, f"have {oid.decode()}",
                "done")
     req = parse_v0_request(raw, ADVERTISED, object_format=b"sha256", hex_len=64)
-    assert req.wants == (oid,) and req.haves == (oid,)
+    assert req.wants == (b"\xcc" * 32,) and req.haves == (b"\xcc" * 32,)
     with pytest.raises(ClientError):
         parse_v0_request(body(w(W1), FLUSH_PKT, "done"), ADVERTISED, b"sha256", 64)
 
 
 def test_v0_duplicate_wants_are_merged_in_order() -> None:
-    assert v0(w(W2), w(W1), w(W2), FLUSH_PKT, "done").wants == (W2, W1)
+    assert v0(w(W2), w(W1), w(W2), FLUSH_PKT, "done").wants == (W2_ID, W1_ID)
 
 
-def test_v0_want_ids_are_lowercased() -> None:
-    assert v0(w(b"A" * 40), FLUSH_PKT, "done").wants == (b"a" * 40,)
+def test_v0_want_ids_accept_either_case() -> None:
+    # C git's get_oid_hex accepts either case; both name the same binary id.
+    assert v0(w(b"A" * 40), FLUSH_PKT, "done").wants == (b"\xaa" * 20,)
+    assert v0(w(b"A" * 40), w(b"a" * 40), FLUSH_PKT, "done").wants == (b"\xaa" * 20,)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +196,7 @@ def test_v0_want_list_without_flush() -> None:
 def test_v0_accepts_pkt_sequence() -> None:
     pkts = [Pkt(PktKind.DATA, (w(W1) + "\n").encode()), Pkt(PktKind.FLUSH),
             Pkt(PktKind.DATA, b"done\n")]
-    assert parse_v0_request(pkts, ADVERTISED).wants == (W1,)
+    assert parse_v0_request(pkts, ADVERTISED).wants == (W1_ID,)
 
 
 def test_v0_truncated_body() -> None:
@@ -216,7 +224,7 @@ def test_v0_eof_after_wants_flush() -> None:
 
 def test_v0_flush_round() -> None:
     req = v0(w(W1), FLUSH_PKT, h(H1), h(H2), FLUSH_PKT)
-    assert req.haves == (H1, H2) and req.haves_end is HavesEnd.FLUSH
+    assert req.haves == (H1_ID, H2_ID) and req.haves_end is HavesEnd.FLUSH
 
 
 def test_v0_empty_flush_round() -> None:
@@ -226,11 +234,11 @@ def test_v0_empty_flush_round() -> None:
 
 def test_v0_done_round_ignores_what_follows() -> None:
     req = v0(w(W1), FLUSH_PKT, h(H1), "done", "anything")
-    assert req.haves == (H1,) and req.haves_end is HavesEnd.DONE and req.done
+    assert req.haves == (H1_ID,) and req.haves_end is HavesEnd.DONE and req.done
 
 
 def test_v0_haves_keep_duplicates_and_order() -> None:
-    assert v0(w(W1), FLUSH_PKT, h(H2), h(H1), h(H2), "done").haves == (H2, H1, H2)
+    assert v0(w(W1), FLUSH_PKT, h(H2), h(H1), h(H2), "done").haves == (H2_ID, H1_ID, H2_ID)
 
 
 def test_v0_bad_have_line_message() -> None:
@@ -262,7 +270,7 @@ def test_v0_special_packet_in_have_list(special: bytes) -> None:
 def test_v0_shallow_and_depth() -> None:
     req = v0(w(W1, "shallow"), f"shallow {S1.decode()}", f"shallow {S1.decode()}", "deepen 3",
              FLUSH_PKT)
-    assert req.shallows == (S1,) and req.depth == 3 and req.deepen and not req.deepen_rev_list
+    assert req.shallows == (S1_ID,) and req.depth == 3 and req.deepen and not req.deepen_rev_list
 
 
 def test_v0_unshallow_depth() -> None:
@@ -358,7 +366,7 @@ def v2(*lines: str, features: V2Features = F) -> FetchRequest:
 
 def test_v2_minimal() -> None:
     assert v2(w(W1), "done") == FetchRequest(
-        version=2, wants=(W1,), done=True, sideband=Sideband.LARGE, haves_end=HavesEnd.DONE
+        version=2, wants=(W1_ID,), done=True, sideband=Sideband.LARGE, haves_end=HavesEnd.DONE
     )
 
 
@@ -379,7 +387,7 @@ def test_v2_no_args() -> None:
 def test_v2_wants_haves_shallows() -> None:
     req = v2(w(W1), w(W2), w(W1), h(H1), h(H1), f"shallow {S1.decode()}",
              f"shallow {S1.decode()}")
-    assert req.wants == (W1, W2) and req.haves == (H1, H1) and req.shallows == (S1,)
+    assert req.wants == (W1_ID, W2_ID) and req.haves == (H1_ID, H1_ID) and req.shallows == (S1_ID,)
 
 
 @pytest.mark.parametrize(
@@ -448,7 +456,7 @@ def test_v2_unknown_argument(line: str) -> None:
 def test_v2_sha256() -> None:
     oid = b"d" * 64
     req = parse_v2_fetch_args([b"want " + oid], F, hex_len=64)
-    assert req.wants == (oid,)
+    assert req.wants == (b"\xdd" * 32,)
     with pytest.raises(ClientError):
         parse_v2_fetch_args([b"want " + W1], F, hex_len=64)
 
@@ -472,7 +480,7 @@ def test_v2_repeated_shallows_and_want_refs_scale_linearly() -> None:
     this quadratic (40k lines took 14 s)."""
     shallows = [b"shallow %040x" % (k % 40_000) for k in range(80_000)]
     req = parse_v2_fetch_args([b"want " + W1, *shallows], F)
-    assert req.shallows == tuple(b"%040x" % k for k in range(40_000))
+    assert req.shallows == tuple(k.to_bytes(20, "big") for k in range(40_000))
     refs = [b"want-ref refs/heads/b%06d" % k for k in range(40_000)]
     assert len(parse_v2_fetch_args(refs, REF_IN_WANT).want_refs) == 40_000
     with pytest.raises(ClientError, match="duplicate want-ref refs/heads/b000007"):

@@ -185,10 +185,10 @@ def _rejoin(pkts: list[bytes]) -> bytes:
 
 
 def take_shallow_section(pkts: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """The oids of the leading ``shallow`` lines (and drop their flush)."""
+    """The binary oids of the leading ``shallow`` lines (and drop their flush)."""
     oids = []
     while pkts and pkts[0].startswith(b"shallow "):
-        oids.append(pkts.pop(0)[8:48])
+        oids.append(bytes.fromhex(pkts.pop(0)[8:48].decode()))
     assert pkts and pkts.pop(0) == FLUSH_PKT
     return oids, pkts
 
@@ -230,7 +230,7 @@ def test_shallow_lines_match_c_git() -> None:
     """upload-pack.c send_shallow() writes ``shallow %s`` without LF (v0 and v2 alike)."""
     ex = EX["v0-deepen-2-two-wants"]
     c_lines = split_pkts(ex.response)[:-1]
-    shallow = [line.removeprefix(b"shallow ") for line in c_lines]
+    shallow = [bytes.fromhex(line.removeprefix(b"shallow ").decode()) for line in c_lines]
     assert list(iter_shallow_lines(shallow, [])) == c_lines
 
 
@@ -311,7 +311,7 @@ def test_object_info_matches_c_git(name: str) -> None:
     req = parse_object_info_args(cmd.args)
     objects = facts()["objects"]
     sizes = [
-        (oid, objects[oid.decode()]["size"] if oid.decode() in objects else None)
+        (oid, objects[oid.hex()]["size"] if oid.hex() in objects else None)
         for oid in req.oids
     ]
     assert frame(iter_object_info(req, sizes)) + FLUSH_PKT == ex.response

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from gitspout.protocol.fetch_request import FetchRequest, HavesEnd, MultiAck, Sideband
 from gitspout.protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
-from protocol_testlib import GraphOracle, ScriptedOracle, label
+from protocol_testlib import GraphOracle, ScriptedOracle, label_id
 
-W = b"f" * 40
-C1 = b"1" * 40
-C2 = b"2" * 40
-U1 = b"a" * 40
-U2 = b"b" * 40
+# Binary ids, as parsed requests carry them; ACK lines carry them in hex.
+W = b"\xff" * 20
+C1 = b"\x11" * 20
+C2 = b"\x22" * 20
+U1 = b"\xaa" * 20
+U2 = b"\xbb" * 20
 
 
 def ack(oid: bytes, suffix: bytes = b"") -> bytes:
-    return b"ACK " + oid + suffix + b"\n"
+    return b"ACK " + oid.hex().encode() + suffix + b"\n"
 
 
 NAK = b"NAK\n"
@@ -61,6 +62,14 @@ def test_detailed_common_and_ready_at_flush() -> None:
     assert run0(v0((C1,), HavesEnd.FLUSH)) == V0Answer(
         (ack(C1, b" common"), ack(C1, b" ready"), NAK), False
     )
+
+
+def test_ack_lines_carry_lowercase_hex() -> None:
+    assert run0(v0((b"\xab" * 20,), HavesEnd.FLUSH), common=(b"\xab" * 20,)).lines == (
+        b"ACK " + b"ab" * 20 + b" common\n", b"ACK " + b"ab" * 20 + b" ready\n", NAK
+    )
+    answer = run2(v2((b"\xab" * 20,)), common=(b"\xab" * 20,))
+    assert answer is not None and answer.ack_lines == (ACKS, b"ACK " + b"ab" * 20 + b"\n", b"ready\n")
 
 
 def test_detailed_common_not_ready() -> None:
@@ -189,9 +198,9 @@ def test_none_ignores_no_done() -> None:
 
 
 def test_v0_asks_the_oracle_in_order() -> None:
-    oracle = GraphOracle([label("E")])
-    negotiate_v0(v0((U1, label("C"), label("B")), HavesEnd.FLUSH), oracle)
-    assert [oid for _, oid in oracle.calls] == [U1, label("C"), label("B")]
+    oracle = GraphOracle([label_id("E")])
+    negotiate_v0(v0((U1, label_id("C"), label_id("B")), HavesEnd.FLUSH), oracle)
+    assert [oid for _, oid in oracle.calls] == [U1, label_id("C"), label_id("B")]
 
 
 # ------------------------------------------------------------------ v2

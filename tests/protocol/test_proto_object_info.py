@@ -11,21 +11,24 @@ from gitspout.protocol.object_info import (
     parse_object_info_args,
 )
 
+# Ids as the client writes them (hex), and as the parser hands them on (binary).
 A = b"a" * 40
 B = b"b" * 40
+A_ID = b"\xaa" * 20
+B_ID = b"\xbb" * 20
 
 
 def test_parse() -> None:
     assert parse_object_info_args([b"size", b"oid " + A, b"oid " + B]) == ObjectInfoRequest(
-        True, (A, B)
+        True, (A_ID, B_ID)
     )
     assert parse_object_info_args([]) == ObjectInfoRequest(False, ())
-    assert parse_object_info_args([b"oid " + A.upper()]).oids == (A,)
+    assert parse_object_info_args([b"oid " + A.upper()]).oids == (A_ID,)
 
 
 def test_parse_sha256() -> None:
     oid = b"c" * 64
-    assert parse_object_info_args([b"oid " + oid], hex_len=64).oids == (oid,)
+    assert parse_object_info_args([b"oid " + oid], hex_len=64).oids == (b"\xcc" * 32,)
     with pytest.raises(ClientError):
         parse_object_info_args([b"oid " + A], hex_len=64)
 
@@ -51,16 +54,17 @@ def test_parse_too_many_oids() -> None:
 
 
 def test_answer_with_size() -> None:
-    req = ObjectInfoRequest(True, (A, B))
-    assert list(iter_object_info(req, [(A, 226), (B, None)])) == [
+    req = ObjectInfoRequest(True, (A_ID, B_ID))
+    assert list(iter_object_info(req, [(A_ID, 226), (B_ID, None)])) == [
         b"size", A + b" 226", B + b" "
     ]
 
 
 def test_answer_without_size() -> None:
-    req = ObjectInfoRequest(False, (A, B))
-    assert list(iter_object_info(req, [(A, 226), (B, None)])) == [A, B]
+    req = ObjectInfoRequest(False, (A_ID, B_ID))
+    assert list(iter_object_info(req, [(A_ID, 226), (B_ID, None)])) == [A, B]
 
 
 def test_answer_zero_size() -> None:
-    assert list(iter_object_info(ObjectInfoRequest(True, (A,)), [(A, 0)])) == [b"size", A + b" 0"]
+    assert list(iter_object_info(ObjectInfoRequest(True, (A_ID,)), [(A_ID, 0)])) == [
+        b"size", A + b" 0"]

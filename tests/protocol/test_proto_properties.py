@@ -357,12 +357,14 @@ def test_format_parse_filter_round_trip(spec: Any) -> None:
 
 def c_get_common_commits(req: FetchRequest, oracle: GraphOracle) -> tuple[list[bytes], bool]:
     """upload-pack.c get_common_commits() for one stateless round, transcribed line by line
-    (it writes as it reads; negotiate_v0 collects first and decides after)."""
+    (it writes as it reads; negotiate_v0 collects first and decides after). The request's
+    ids are binary; ACK lines carry them in hex (oid_to_hex)."""
     out: list[bytes] = []
     got_common = got_other = sent_ready = False
     last = b""
-    for have in req.haves:
-        if not oracle.note_have(have):
+    for oid in req.haves:
+        have = oid.hex().encode()
+        if not oracle.note_have(oid):
             got_other = True
             if req.multi_ack and oracle.ok_to_give_up():
                 if req.multi_ack is MultiAck.DETAILED:
@@ -397,15 +399,17 @@ def c_get_common_commits(req: FetchRequest, oracle: GraphOracle) -> tuple[list[b
 
 
 def _fixture_ids() -> list[bytes]:
+    """Binary ids, as parsed requests carry them: the fixture's objects and two unknowns."""
     f = facts()
-    ids = [o.encode() for o in f["labels"].values()]
-    ids += [r["oid"].encode() for r in f["refs"]]
-    return sorted(set(ids)) + [b"deadbeef" * 5, b"0" * 40]
+    ids = [bytes.fromhex(o) for o in f["labels"].values()]
+    ids += [bytes.fromhex(r["oid"]) for r in f["refs"]]
+    return sorted(set(ids)) + [b"\xde\xad\xbe\xef" * 5, b"\0" * 20]
 
 
 FIXTURE_IDS = st.sampled_from(_fixture_ids())
 COMMIT_WANTS = st.lists(
-    st.sampled_from(sorted({r["oid"].encode() for r in facts()["refs"]})), min_size=1, max_size=3
+    st.sampled_from(sorted({bytes.fromhex(r["oid"]) for r in facts()["refs"]})),
+    min_size=1, max_size=3,
 )
 
 
