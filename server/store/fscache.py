@@ -87,7 +87,8 @@ class DirCache:
         links = frozenset(e.name for e in found if e.is_symlink())
         listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
         if self.enabled:
-            self._dirs.put(path, listing, nbytes=120 + 80 * len(listing.entries))
+            # What a listing holds: the object, and per entry a tuple, a name and an inode.
+            self._dirs.put(path, listing, nbytes=300 + 200 * len(listing.entries))
         return listing
 
     def check_links(self, fs: FsOps, dirpath: str, listing: Listing,
