@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-min-deps lint bench clean
+.PHONY: serve test test-tiny-budgets test-min-deps lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ test: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+	$(MAKE) test-tiny-budgets
+
+# Same answers under pressure: clones and fetches of tests/compat against a server with
+# tiny budgets (every test-started server gets GITSPOUT_TEST_SERVER_ARGS, tests/gitutil.py).
+TINY_BUDGETS := --max-open-packs 8 --cache-memory 8MiB
+
+test-tiny-budgets: $(STAMP)
+	GITSPOUT_TEST_SERVER_ARGS="$(TINY_BUDGETS)" $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/compat/test_clone.py tests/compat/test_fetch.py
 
 # The compat suite against the oldest dulwich that pyproject.toml admits, in its own venv.
 MIN_VENV := .venv-min

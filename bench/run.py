@@ -38,6 +38,13 @@ figure.  Cases:
   three text files) is pushed into the served repository (its objects arrive
   loose); each run fetches it (v2) into a fresh ``cp -a`` of a mirror clone
   made before the push.
+* ``fleet`` (only when asked): ``--fleet-repos N`` distinct small bitmapped
+  repositories (one template built with git, copied under N names) beside the
+  variants; each run does ``git ls-remote`` plus a mirror clone of every one of
+  them, once each. Besides CPU, wall and bytes: the server's open descriptors
+  and RSS (summed over its processes) before and after, and how many of the N
+  failed. ``--fleet-budgets tiny`` starts gitspout with ``--max-open-packs 8
+  --cache-memory 8MiB``.
 
 ``--quick`` (CI) builds or reuses a small synthetic repository (300 commits,
 ``bench/work/quick``) and runs clone-v2 and fetch-1 once on both variants.
@@ -79,7 +86,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_TOP = BENCH_DIR.parent
 WORK = BENCH_DIR / "work"
 
-ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1")  # execution order
+ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1", "fleet")  # execution order
+DEFAULT_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1")
+TINY_BUDGETS = ("--max-open-packs", "8", "--cache-memory", "8MiB")
 CLONE_CASES = ("clone-v2", "clone-v0", "clone-x8")
 ALL_VARIANTS = ("gc", "unmaintained")
 X8 = 8
@@ -485,6 +494,12 @@ class Sample:
     fsck: str = "skipped"
     error: str | None = None
     loadavg_1m: float = 0.0  # machine load when the run started (the machine is shared)
+    # fleet: the server's open descriptors and RSS (over its processes), failed repositories
+    fds_before: int | None = None
+    fds_after: int | None = None
+    rss_before_bytes: int | None = None
+    rss_after_bytes: int | None = None
+    fleet_failures: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -507,7 +522,10 @@ class Sample:
         return (f"    {tag:7} cpu {self.cpu_ns / 1e6:8.0f} ms  wall {self.wall_s:7.2f} s  "
                 f"bytes {human_bytes(self.bytes_down):>9}  peak rss {rss:>6} "
                 f"({self.peak_rss_process or '?'})  fsck {self.fsck}"
-                + ("" if self.settled else "  [server processes still running]"))
+                + ("" if self.settled else "  [server processes still running]")
+                + (f"\n            fds {self.fds_before} -> {self.fds_after}, RSS "
+                   f"{(self.rss_before_bytes or 0) / MB:.0f} -> {(self.rss_after_bytes or 0) / MB:.0f}"
+                   f" MB, {self.fleet_failures} failed" if self.fds_before is not None else ""))
 
 
 def human_bytes(n: float | None) -> str:
@@ -672,6 +690,80 @@ class FetchOneCase(Case):
         shutil.rmtree(state, ignore_errors=True)
 
 
+def _server_fds_rss(srv: BenchServer) -> tuple[int, int]:
+    """Open descriptors and RSS (bytes) summed over the server's processes."""
+    fds = rss = 0
+    for pid in srv.pids():
+        with contextlib.suppress(OSError):
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1]) * 1024
+    return fds, rss
+
+
+def build_fleet(root: Path, count: int, timeout: float) -> list[str]:
+    """``count`` small bitmapped repositories under ``root/fleet``: one template made
+    with git (a few commits, a tag, ``repack -adb``, a commit-graph), then ``cp -a``."""
+    top = root / "fleet"
+    tpl = top / "template.src"
+    if not tpl.exists():
+        work = top / "template.work"
+        run_git(["init", "-q", "-b", "main", str(work)], timeout=timeout)
+        for i in range(4):
+            (work / f"f{i}.txt").write_text(f"line {i}\n" * 50)
+            run_git(["-C", str(work), "add", "-A"], timeout=timeout)
+            run_git(["-C", str(work), "-c", "user.name=b", "-c", "user.email=b@x", "commit",
+                     "-q", "-m", f"c{i}"], timeout=timeout)
+        run_git(["-C", str(work), "tag", "v1"], timeout=timeout)
+        run_git(["clone", "-q", "--bare", "--no-local", str(work), str(tpl)], timeout=timeout)
+        run_git(["-C", str(tpl), "repack", "-adq", "--write-bitmap-index"], timeout=timeout)
+        run_git(["-C", str(tpl), "commit-graph", "write", "--reachable"], timeout=timeout)
+        shutil.rmtree(work)
+    names = [f"fleet/g{i // 100:03d}/r{i:05d}.git" for i in range(count)]
+    for name in names:
+        if not (root / name).exists():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-a", str(tpl), str(root / name)], check=True, timeout=timeout)
+    return names
+
+
+class FleetCase(Case):
+    """``git ls-remote`` and a mirror clone of each of N distinct small repositories."""
+
+    name = "fleet"
+
+    def __init__(self, bench: Bench, names: list[str], template: Path) -> None:
+        super().__init__(bench, names[0], template)
+        self.names = names
+
+    def prepare(self, side: Side, run: int) -> dict[str, Any]:
+        return {"dest": self.bench.scratch_path(f"{side.label}-fleet-{run}"), "failed": []}
+
+    def op(self, side: Side, state: dict[str, Any]) -> None:
+        state["dest"].mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(self.names):
+            dest = state["dest"] / f"{i}.git"
+            try:
+                run_git(["ls-remote", side.url(name)], timeout=self.timeout)
+                clone_mirror(side.url(name), dest, protocol=2, timeout=self.timeout)
+                self._check_refs(dest)
+            except (GitError, AssertionError, subprocess.SubprocessError) as e:
+                state["failed"].append(f"{name}: {e}")
+            finally:
+                shutil.rmtree(dest, ignore_errors=True)
+        if state["failed"]:
+            raise GitError(f"{len(state['failed'])} of {len(self.names)} failed: "
+                           f"{state['failed'][0]}")
+
+    def verify(self, side: Side, state: dict[str, Any], check: bool) -> str:
+        return "skipped"  # every clone's refs were checked in op()
+
+    def cleanup(self, state: dict[str, Any]) -> None:
+        shutil.rmtree(state["dest"], ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------
 # the new commit for fetch-1
 
@@ -782,7 +874,8 @@ class Bench:
     """Runs every (variant, case) of one root set against A and B."""
 
     def __init__(self, rs: RootSet, variants: list[str], cases: list[str], rounds: int,
-                 tmp: Path, samples: list[Sample], sides: dict[str, Side]) -> None:
+                 tmp: Path, samples: list[Sample], sides: dict[str, Side],
+                 fleet_repos: int = 0) -> None:
         self.rs = rs
         self.variants = variants
         self.cases = cases
@@ -794,6 +887,7 @@ class Bench:
         self.sides = sides
         self.pushes: dict[str, dict[str, Any]] = {}
         self._template: Path | None = None
+        self.fleet_repos = fleet_repos
 
     def scratch_path(self, name: str) -> Path:
         p = self.scratch / name
@@ -813,6 +907,12 @@ class Bench:
                     self.run_case(variant, case)
             if "fetch-1" in self.cases:
                 self.run_case(variant, self.fetch_case(repo, served))
+        if "fleet" in self.cases:
+            t0 = time.monotonic()
+            names = build_fleet(self.root, self.fleet_repos, self.rs.timeout)
+            print(f"\n== fleet: {len(names)} repositories (built in "
+                  f"{time.monotonic() - t0:.1f}s) ==", flush=True)
+            self.run_case("fleet", FleetCase(self, names, self.root / names[0]))
 
     def fetch_case(self, repo: str, served: Path) -> FetchOneCase:
         """Base clone template (made before the first push), then push one commit."""
@@ -866,6 +966,8 @@ class Bench:
         s = Sample(self.rs.name, variant, case.name, side.label, side.impl, run, cold,
                    loadavg_1m=os.getloadavg()[0])
         baseline = set(srv.pids())
+        if isinstance(case, FleetCase):
+            s.fds_before, s.rss_before_bytes = _server_fds_rss(srv)
         d0, u0, c0 = proxy.snapshot()
         srv.reset_counters()
         errors = (GitError, AssertionError, subprocess.SubprocessError, OSError)
@@ -880,6 +982,9 @@ class Bench:
                 s.settled = _settle(srv, baseline)
                 s.cpu_ns = srv.cpu_ns()
                 s.cgroup_mem_max_bytes = srv.memory_max_bytes()
+        if isinstance(case, FleetCase):
+            s.fds_after, s.rss_after_bytes = _server_fds_rss(srv)
+            s.fleet_failures = len(state["failed"])
         d1, u1, c1 = proxy.snapshot()
         s.bytes_down, s.bytes_up, s.connections = d1 - d0, u1 - u0, c1 - c0
         if side.label == "B":  # VmHWM since start; the watcher's last sample if it died
@@ -1061,7 +1166,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "synthetic, dulwich and git/git, which is slow)")
     ap.add_argument("--variants", default=",".join(ALL_VARIANTS))
     ap.add_argument("--cases", default=None,
-                    help=f"comma-separated subset of {','.join(ALL_CASES)} (default all)")
+                    help=f"comma-separated subset of {','.join(ALL_CASES)} (default "
+                         f"{','.join(DEFAULT_CASES)})")
+    ap.add_argument("--fleet-repos", type=int, default=200, metavar="N",
+                    help="repositories of the fleet case (default %(default)s)")
+    ap.add_argument("--fleet-budgets", choices=["default", "tiny"], default="default",
+                    help="gitspout's budgets for the whole run: its defaults, or "
+                         "--max-open-packs 8 --cache-memory 8MiB")
     ap.add_argument("--rounds", type=int, default=None, help="A B rounds per case (default 3)")
     ap.add_argument("--quick", action="store_true",
                     help="CI mode: small synthetic repo, 1 round, clone-v2 and fetch-1")
@@ -1091,7 +1202,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or 3
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    cases = [c.strip() for c in (args.cases or ",".join(ALL_CASES)).split(",") if c.strip()]
+    cases = [c.strip() for c in (args.cases or ",".join(DEFAULT_CASES)).split(",")
+             if c.strip()]
     bad = [c for c in cases if c not in ALL_CASES]
     if bad or not cases:
         ap.error(f"unknown case(s) {bad}; choose from {', '.join(ALL_CASES)}")
@@ -1216,14 +1328,15 @@ def snapshot_gitspout(rev: str | None, dest: Path, gitspout_bin: Path) -> str:
 
 
 def _make_sides(root: Path, gitspout_bin: Path, snapshot: Path,
-                keep_logs: bool) -> dict[str, Side]:
+                keep_logs: bool, extra_args: tuple[str, ...] = ()) -> dict[str, Side]:
     """A (git-http-backend) and B (gitspout) serving *root*, probed on PROBE_REPO."""
     def a() -> BenchServer:
         return GitHttpBackend(root, name="bench-run-A", probe_repo=PROBE_REPO)
 
     def b() -> BenchServer:
         return Gitspout(root, name="bench-run-B", probe_repo=PROBE_REPO,
-                        gitspout_bin=gitspout_bin, env={"PYTHONPATH": str(snapshot)})
+                        gitspout_bin=gitspout_bin, env={"PYTHONPATH": str(snapshot)},
+                        extra_args=extra_args)
 
     return {"A": Side("A", "git-http-backend", a, keep_logs),
             "B": Side("B", "gitspout", b, keep_logs)}
@@ -1263,12 +1376,13 @@ def run(args: argparse.Namespace) -> int:
                 _copy_root(rs, args.variant_list, rtmp / "root")
                 root = rtmp / "root"
                 _make_probe_repo(root)
-                sides = _make_sides(root, gitspout_bin, snapshot, args.keep_tmp)
+                sides = _make_sides(root, gitspout_bin, snapshot, args.keep_tmp,
+                                    TINY_BUDGETS if args.fleet_budgets == "tiny" else ())
                 try:
                     for side in sides.values():
                         side.start()
                     bench = Bench(rs, args.variant_list, args.case_list, args.rounds, rtmp,
-                                  samples, sides)
+                                  samples, sides, args.fleet_repos)
                     bench.run()
                     pushes.update(bench.pushes)
                 finally:
@@ -1325,6 +1439,18 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
           "B peak RSS = VmHWM of the gitspout process; A peak RSS = largest VmHWM of one of "
           "its processes\n")
     print(main_table(rows))
+    fleet = [s for s in samples if s.fds_before is not None]
+    if fleet:
+        print(f"\n--- fleet: ls-remote + clone of each repository once; descriptors and RSS "
+              f"of the server's processes before -> after (gitspout budgets: "
+              f"{args.fleet_budgets}) ---")
+        print(_table(["server run", "cpu ms", "wall s", "fds before", "fds after",
+                      "RSS MB before", "RSS MB after", "failed"],
+                     [[f"{s.server} {'cold' if s.cold else f'r{s.run}'} ({s.impl})",
+                       f"{s.cpu_ns / 1e6:.0f}", f"{s.wall_s:.1f}", str(s.fds_before),
+                       str(s.fds_after), f"{(s.rss_before_bytes or 0) / MB:.0f}",
+                       f"{(s.rss_after_bytes or 0) / MB:.0f}", str(s.fleet_failures)]
+                      for s in fleet]))
     print("\n--- gitspout cold (first request after restart) vs. git-http-backend median ---")
     print(cold_table(rows))
     print("\n--- targets: verdict on the medians (warm for B); [cold: verdict] and (cold x) "

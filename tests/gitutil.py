@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,6 +157,12 @@ def fsck(git: Git, path: Path) -> None:
     git.run("fsck", "--no-progress", "--no-dangling", cwd=path)
 
 
+# Flags every test-started server gets, e.g. GITSPOUT_TEST_SERVER_ARGS="--max-open-packs 8
+# --cache-memory 8MiB" (make test runs tests/compat once that way: same answers under tiny
+# budgets). Read by the tests, never passed on to the server's environment.
+SERVER_ARGS = tuple(shlex.split(os.environ.get("GITSPOUT_TEST_SERVER_ARGS", "")))
+
+
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  timeout: float = 20.0, output: list[str] | None = None,
                  nofile: int | None = None) -> LiveServer:
@@ -166,7 +173,7 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
     limit, as ``ulimit -n`` would.
     """
     cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
-           "--host", "127.0.0.1", "--port", "0", *extra_args]
+           "--host", "127.0.0.1", "--port", "0", *SERVER_ARGS, *extra_args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     full_env.update(env or {})
 
@@ -216,3 +223,37 @@ def _drain_in_background(proc: subprocess.Popen[bytes], sink: list[str],
 def copy_repo(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def open_files(pid: int) -> list[str]:
+    """What the descriptors of process ``pid`` point at (the symlinks in /proc/PID/fd)."""
+    out = []
+    fd_dir = f"/proc/{pid}/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            out.append(os.readlink(os.path.join(fd_dir, name)))
+        except OSError:
+            continue  # closed meanwhile
+    return out
+
+
+def deleted_files(pid: int, under: str | os.PathLike[str] = "/") -> list[str]:
+    """Files of process ``pid`` under ``under`` that are held open (a descriptor) or mapped
+    although they were deleted: what keeps a replaced pack's space from being freed."""
+    top = os.fspath(under).rstrip("/") + "/"
+    held = [f"fd {t}" for t in open_files(pid) if t.endswith(" (deleted)")]
+    with open(f"/proc/{pid}/maps") as fh:
+        held += sorted({"map " + line.split(None, 5)[5].strip() for line in fh
+                        if line.rstrip().endswith(" (deleted)") and len(line.split(None, 5)) == 6})
+    return [h for h in held if h.split(" ", 1)[1].startswith(top)]
+
+
+def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
+    """Poll ``check`` until it returns True or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step)

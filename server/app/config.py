@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "load_config", "add_config_arguments"]
+__all__ = ["Config", "ConfigError", "load_config", "add_config_arguments", "parse_size"]
 
 
 class ConfigError(Exception):
@@ -81,6 +81,26 @@ class Config:
                           "is closed, or the new one refused if none is idle"},
     )
 
+    # Open files and memory (docs/ARCHITECTURE.md I1; README.md "Open files").
+    max_open_packs: int = field(
+        default=256,
+        metadata={"help": "descriptors and maps of pack, idx and commit-graph files kept "
+                          "open across repositories (least recently used closed first; a "
+                          "file a request is reading is never closed under it)"},
+    )
+    cache_memory: int = field(
+        default=256 << 20,
+        metadata={"help": "bytes held by all cross-request caches together (pack indexes, "
+                          "reverse indexes, bitmaps, objects, object sets...); suffixes "
+                          "KiB, MiB, GiB (or K, M, G) accepted", "size": True},
+    )
+    sweep_interval: float = field(
+        default=10.0,
+        metadata={"help": "seconds between checks that the open packs are still on disk "
+                          "(packs replaced in a repository nobody asks for are closed at the "
+                          "next check); 0 turns it off"},
+    )
+
     def root_path(self) -> Path:
         return Path(self.root).resolve()
 
@@ -88,9 +108,27 @@ class Config:
 _FIELDS = {f.name: f for f in fields(Config)}
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+               "g": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(value: Any) -> int:
+    """``8MiB``, ``256M``, ``1g``, ``4096``: a number of bytes."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace("_", "")
+    num = text.rstrip("kmgib")
+    unit = text[len(num):]
+    if unit not in _SIZE_UNITS or not num:
+        raise ValueError(value)
+    return int(float(num) * _SIZE_UNITS[unit])
+
+
 def _coerce(name: str, value: Any) -> Any:
     kind = _FIELDS[name].type
     try:
+        if _FIELDS[name].metadata.get("size"):
+            return parse_size(value)
         if kind == "int":
             return int(value)
         if kind == "float":
@@ -172,6 +210,12 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
     if cfg.body_min_rate < 0:
         raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.max_open_packs < 2:
+        raise ConfigError("max_open_packs must be at least 2 (one pack and its index)")
+    if cfg.cache_memory < 0:
+        raise ConfigError("cache_memory must be 0 or more bytes")
+    if not math.isfinite(cfg.sweep_interval) or cfg.sweep_interval < 0:
+        raise ConfigError("sweep_interval must be a number of seconds, 0 or more (0 turns it off)")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -8,10 +8,12 @@ are taken before ``prepare()`` sends the 200; after that, errors go in-band.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,6 +32,7 @@ from ..core.fetch import FetchPlan, plan_fetch
 from ..packgen.packplan import iter_pack
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
+from ..store.lru import MEMORY
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
@@ -82,21 +85,26 @@ class ServerState:
     # without holding a pool thread.
     inflating: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
+    sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
         pool = WorkPool(cfg.threads)
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
-        return cls(
+        state = cls(
             cfg,
             RepoResolver(root, allow),
-            PackRegistry(),
+            PackRegistry(max_open=cfg.max_open_packs),
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow)),
             Metrics(repos, pool),
             BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
+        state.metrics.open_files.source = state.registry
+        MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
+        state.metrics.caches.budget = MEMORY
+        return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`run` under the ``inflating`` semaphore (request body decoding)."""
@@ -104,14 +112,75 @@ class ServerState:
             return await self.run(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Blocking work, in the pool."""
-        return await self.pool.run(fn, *args)
+        """Blocking work, in the pool; it holds the request's leases while it runs."""
+        return await asyncio.wrap_future(_Held(_REQUEST.get()).submit(self.pool, fn, *args))
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
         ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(), self.dirs)
         rec.context = ctx
+        _REQUEST.set(ctx)  # this request's task: its pool work holds ctx (see _Held)
         return ctx
+
+    def forget_repository(self, repo_path: str) -> None:
+        """The repository is gone from disk: forget it, with everything cached for it (its
+        packs and commit-graph are closed once no request holds them)."""
+        repo = self.resolver.forget(repo_path)
+        if repo is not None:
+            self.registry.forget_repository(repo.objects_dir)
+            self.dirs.forget_under(repo.gitdir)
+
+    async def sweep_forever(self) -> None:
+        """Every ``--sweep-interval`` seconds, close open packs and graphs whose files are
+        gone, though nobody asked for their repository since (registry.sweep)."""
+        interval = self.cfg.sweep_interval
+        while interval > 0:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.pool, self.registry.sweep)
+            except RuntimeError:  # the pool is shutting down
+                return
+
+    def executor_for(self, ctx: RequestContext) -> Executor:
+        """The pool, as seen by work for ``ctx`` (pack streaming): each job holds ctx."""
+        return _HeldExecutor(self.pool, ctx)
+
+
+_REQUEST: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "gitspout_request", default=None)
+
+
+class _Held:
+    """Submits pool work for one request so that the request's leases on packs
+    (store/registry.py) outlive the work: a handler cancelled while the pool still runs a
+    step for it (the client went away) must not have its packs closed under that step."""
+
+    def __init__(self, ctx: RequestContext | None) -> None:
+        self.ctx = ctx
+
+    def submit(self, executor: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
+        ctx = self.ctx
+        if ctx is None:
+            return executor.submit(fn, *args)
+        ctx.hold()
+        try:
+            fut = executor.submit(fn, *args)
+        except BaseException:
+            ctx.unhold()
+            raise
+        fut.add_done_callback(lambda _f: ctx.unhold())  # also when cancelled unstarted
+        return fut
+
+
+
+class _HeldExecutor(Executor):
+    def __init__(self, pool: Executor, ctx: RequestContext) -> None:
+        self._pool = pool
+        self._held = _Held(ctx)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        assert not kwargs
+        return self._held.submit(self._pool, fn, *args)
 
 
 async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
@@ -255,7 +324,7 @@ async def _write_fetch(state: ServerState, ctx: RequestContext, writer: PktWrite
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
     start = time.monotonic()
     try:
-        await pump_pack(writer, state.pool, lambda: iter_pack(ctx, plan),
+        await pump_pack(writer, state.executor_for(ctx), lambda: iter_pack(ctx, plan),
                         state.cfg.keepalive, plan.req.no_progress)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
@@ -370,8 +439,11 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
         finally:
             state.metrics.in_flight.dec()
             _finish(state, rec, resp, status)
+            if rec.context is not None:
+                rec.context.close()  # leases end once the pool is done with it too
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.on_startup.append(lambda _app: _start_sweeper(state))
     app.on_shutdown.append(lambda _app: _shutdown(state))
     return app
 
@@ -425,7 +497,7 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         if answer is None:
             raise  # a bug: aiohttp answers 500 and logs the traceback
         if isinstance(exc, RepoNotFound):
-            state.resolver.forget(repo_path)
+            state.forget_repository(repo_path)
         if answer.status == 200:
             return await _refuse_in_protocol(request, answer.text, rec)
         resp = text_response(answer.status, answer.text)
@@ -443,5 +515,12 @@ def _close_at_once(state: ServerState, request: web.Request, resp: web.Response)
         request.protocol.skip_lingering()
 
 
+async def _start_sweeper(state: ServerState) -> None:
+    if state.cfg.sweep_interval > 0:
+        state.sweeper = asyncio.get_running_loop().create_task(state.sweep_forever())
+
+
 async def _shutdown(state: ServerState) -> None:
+    if state.sweeper is not None:
+        state.sweeper.cancel()
     state.pool.shutdown(wait=False, cancel_futures=True)

@@ -156,20 +156,79 @@ class _ConnectionCollector:
 
 class _CacheCollector:
     """Lookups and evictions of every cache, by cache name (store/lru.py counts them over
-    all instances of a name: each repository's, each request's), read at scrape time."""
+    all instances of a name: each repository's, each request's), and the bytes the caches
+    shared across requests hold within --cache-memory, read at scrape time."""
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def __init__(self) -> None:
+        self.budget: Any = None  # store/lru.py MemoryBudget (--cache-memory)
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         lookups = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
                                       labels=["cache", "result"])
         evictions = CounterMetricFamily("gitspout_cache_evictions",
-                                        "Values dropped to stay within a cache's budget.",
-                                        labels=["cache"])
+                                        "Values dropped to stay within a cache's budget or "
+                                        "within --cache-memory.", labels=["cache"])
         for stats in all_cache_stats():
             lookups.add_metric([stats.name, "hit"], stats.hits)
             lookups.add_metric([stats.name, "miss"], stats.misses)
             evictions.add_metric([stats.name], stats.evictions)
         yield lookups
         yield evictions
+        budget = self.budget
+        if budget is None:
+            return
+        held: dict[str, int] = {}
+        for cache in budget.caches():
+            held[cache.name] = held.get(cache.name, 0) + cache.held
+        size = GaugeMetricFamily("gitspout_cache_bytes",
+                                 "Bytes held by the caches shared across requests, by cache.",
+                                 labels=["cache"])
+        for name in sorted(held):
+            size.add_metric([name], held[name])
+        yield size
+        for name, doc, value in (
+            ("gitspout_cache_memory_bytes", "Bytes held by all caches shared across requests.",
+             budget.total),
+            ("gitspout_cache_memory_limit_bytes", "The --cache-memory budget.", budget.limit),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+
+
+class _OpenFilesCollector:
+    """``gitspout_open_files*``: pack and commit-graph descriptors and maps held open
+    across requests (store/registry.py), against ``--max-open-packs``, and why files were
+    closed. ``source`` is the PackRegistry, set by the server."""
+
+    def __init__(self) -> None:
+        self.source: Any = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        reg = self.source
+        if reg is None:
+            return
+        for name, doc, value in (
+            ("gitspout_open_files", "Descriptors and maps of pack, idx and commit-graph "
+             "files held open now.", reg.handles),
+            ("gitspout_open_files_limit", "The --max-open-packs budget.", reg.max_open),
+            ("gitspout_open_files_leased", "Packs and commit-graphs held open, leased by "
+             "requests or idle.", reg.open_files),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+        closed = CounterMetricFamily(
+            "gitspout_open_files_closed", "Packs and commit-graphs closed: evicted (least "
+            "recently used, to stay within --max-open-packs) or released (gone from disk, "
+            "once no request held them).", labels=["reason"])
+        closed.add_metric(["evicted"], reg.evicted)
+        closed.add_metric(["released"], reg.released)
+        yield closed
+        opened = CounterMetricFamily("gitspout_open_files_opened",
+                                     "Packs and commit-graphs opened (again, after eviction).")
+        opened.add_metric([], reg.opened)
+        yield opened
 
 
 class Metrics:
@@ -221,7 +280,10 @@ class Metrics:
             self.pack_bytes.labels(source)
         self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
                                buckets=HAVES_BUCKETS, registry=r)
-        r.register(_CacheCollector())
+        self.caches = _CacheCollector()
+        r.register(self.caches)
+        self.open_files = _OpenFilesCollector()
+        r.register(self.open_files)
         self.repo_requests = Counter("gitspout_repo_requests",
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)

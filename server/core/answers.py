@@ -152,7 +152,7 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     _keep(chunks, buf.add_flush())
     _keep(chunks, buf.take())
     if ctx.dirs.enabled and ctx.refs_cacheable(kind):
-        ctx.repo.ref_cache.encoded.put(key, chunks)
+        ctx.repo.ref_cache.encoded.put(key, chunks, nbytes=sum(len(c) + 40 for c in chunks))
     return chunks
 
 def object_info(ctx: RequestContext, req: ObjectInfoRequest) -> list[bytes]:

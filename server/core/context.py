@@ -7,6 +7,7 @@ live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,33 @@ class RequestContext:
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
+
+    # Who still uses this context: the handler, and each pool job running for it. The
+    # packs the request froze are leased until the last of them lets go (store/registry.py).
+    _holds: int = 1
+    _closed: bool = False
+    _holds_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hold(self) -> None:
+        """Pool work for this request starts (queued or running)."""
+        with self._holds_lock:
+            self._holds += 1
+
+    def unhold(self) -> None:
+        """A holder is done; the last one gives the object snapshot's leases back."""
+        with self._holds_lock:
+            self._holds -= 1
+            last = self._holds == 0
+        if last and self._odb is not None:
+            self._odb.close()
+
+    def close(self) -> None:
+        """The handler is done (the pool may still be finishing work for it)."""
+        with self._holds_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.unhold()
 
     # -- lazily read state ---------------------------------------------------
 

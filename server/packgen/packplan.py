@@ -84,11 +84,11 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     where = key + tuple(p.key for p in ctx.odb.packs)
     cached = cache.get(where)
     if isinstance(cached, Selection):
-        selection = cached.fresh()
+        selection = cached.fresh(ctx.odb.packs)
     else:
         selection = select_objects(ctx.odb, (oid for oid, _ in enum.objects))
         cache.put(where, selection, 16 * selection.count)
-        selection = selection.fresh()
+        selection = selection.fresh(ctx.odb.packs)
     thin: ThinCheck | None = None
     if req.thin_pack and enum.have_objects:
         have = enum.have_objects

@@ -23,7 +23,7 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from dulwich.pack import create_delta
 
@@ -126,6 +126,7 @@ class PackPlan:
     selected: bytearray
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     single: dict[int, int] = field(default_factory=dict)
+    bases: Any = None  # the pack's base ranks, as many as this plan needs (base_ranks_for)
 
     @classmethod
     def from_ranks(cls, pack: PackFile, ranks: list[int]) -> PackPlan:
@@ -163,10 +164,13 @@ class Selection:
     def count(self) -> int:
         return sum(len(p.order) for p in self.plans) + len(self.loose)
 
-    def fresh(self) -> Selection:
-        """A copy safe to send from (plans record output offsets while copying)."""
-        return Selection([PackPlan(p.pack, p.order, p.selected) for p in self.plans],
-                         list(self.loose))
+    def fresh(self, packs: Iterable[PackFile] = ()) -> Selection:
+        """A copy safe to send from (plans record output offsets while copying), reading
+        from ``packs`` (the request's leased packs, by key) rather than from the objects a
+        cached selection was made with, which may be closed since (store/registry.py)."""
+        now = {p.key: p for p in packs}
+        return Selection([PackPlan(now.get(p.pack.key, p.pack), p.order, p.selected)
+                          for p in self.plans], list(self.loose))
 
 
 def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
@@ -244,7 +248,7 @@ class ReusePackSource:
 
     def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[None]:
         """Copy each run of consecutive selected entries; yield after each run."""
-        bases = plan.pack.base_ranks()
+        bases = plan.bases = plan.pack.base_ranks_for(len(plan.order))
         order = plan.order
         k, n = 0, len(order)
         while k < n:
@@ -268,7 +272,8 @@ class ReusePackSource:
         if first >= stop:
             return
         pack = plan.pack
-        offs, bases = pack.sorted_offsets, pack.base_ranks()
+        offs = pack.sorted_offsets
+        bases = plan.bases if plan.bases is not None else pack.base_ranks()
         plan.runs.append((first, stop, out.offset))
         deltas = sum(1 for r in range(first, stop) if bases[r] != r)
         self.stats.reused += stop - first
@@ -295,7 +300,7 @@ class ReusePackSource:
         hdr = pack.parse_header(bytes(raw[:64]), start)
         body = raw[hdr.data_offset - start :]
         if hdr.type_num == OFS_DELTA:
-            base_rank = pack.base_ranks()[rank]
+            base_rank = (plan.bases if plan.bases is not None else pack.base_ranks())[rank]
             base_oid = pack.oid_at(pack.pack_order[base_rank])
         else:
             assert hdr.base_oid is not None
@@ -407,7 +412,7 @@ class ReusePackSource:
         still to be written whose stored base is not sent will choose its base later with
         this same check, which sees the edge added now, so it cannot close a cycle either.
         """
-        bases = plan.pack.base_ranks()
+        bases = plan.bases if plan.bases is not None else plan.pack.base_ranks()
         r = start
         for _ in range(plan.pack.count + 1):
             if r == target:

@@ -79,7 +79,8 @@ class PackBitmaps:
     """The bitmaps of one pack: type bitmaps and per-commit reachability bitmaps."""
 
     def __init__(self, pack: PackFile, data: bytes) -> None:
-        self.pack = pack
+        # No reference to ``pack`` is kept: the bitmaps outlive a pack closed to stay within
+        # --max-open-packs (they are found again by the pack's key, registry.pack_data).
         self._data = data
         if data[:4] != _MAGIC:
             raise BitmapFormatError("bad bitmap magic")
@@ -100,10 +101,10 @@ class PackBitmaps:
         # objects), counted in bytes
         self._bitmap_bytes = (pack.count + 7) // 8 or 1
         self._decoded = ByteLRU[int]("bitmaps", DECODED_BITMAPS * self._bitmap_bytes)
-        self._read_entries(pos, count)
+        self._read_entries(pack, pos, count)
 
-    def _read_entries(self, pos: int, count: int) -> None:
-        data, pack = self._data, self.pack
+    def _read_entries(self, pack: PackFile, pos: int, count: int) -> None:
+        data = self._data
         rank_of = pack.rank_of_index_pos
         for k in range(count):
             try:
@@ -137,15 +138,17 @@ class PackBitmaps:
 
 
 def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
-    """The pack's bitmaps, read once and cached on the pack; None without a usable file."""
-    cached = pack.extra.get("bitmaps", False)
-    if cached is not False:
-        return cached  # type: ignore[return-value]
-    result: PackBitmaps | None = None
-    try:
-        with open(pack.base + ".bitmap", "rb") as fh:
-            result = PackBitmaps(pack, fh.read())
-    except (FileNotFoundError, BitmapFormatError, struct.error):
-        result = None
-    pack.extra["bitmaps"] = result
+    """The pack's bitmaps, read once and kept with the pack's other derived data (within
+    --cache-memory); None without a usable file."""
+    def compute() -> tuple[PackBitmaps | None, int]:
+        try:
+            with open(pack.base + ".bitmap", "rb") as fh:
+                data = fh.read()
+            # The file and its entry table (decoded bitmaps are a cache of their own).
+            bitmaps = PackBitmaps(pack, data)
+            return bitmaps, len(data) + 100 * len(bitmaps._order)
+        except (FileNotFoundError, BitmapFormatError, struct.error):
+            return None, 0
+
+    result: PackBitmaps | None = pack.derived("bitmaps", compute)
     return result

@@ -6,15 +6,15 @@ commit. The file is mapped once per (path, inode) and shared by every request.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
 
 from .errors import StorageError
-from .lru import ByteLRU
 from .objformat import HASH_ID_LEN
 
-__all__ = ["CommitGraph", "load_commit_graph", "GraphEntry"]
+__all__ = ["CommitGraph", "CommitGraphError", "open_commit_graph", "GraphEntry"]
 
 _NO_PARENT = 0x70000000
 _EXTRA_EDGES = 0x80000000
@@ -31,9 +31,33 @@ class CommitGraphError(StorageError):
 class CommitGraph:
     """One commit-graph file, mapped; lookups by binary commit id."""
 
-    def __init__(self, path: str, hash_len: int) -> None:
+    HANDLES = 1  # the map
+
+    def __init__(self, path: str, hash_len: int, inode: int | None = None) -> None:
+        self.path = path
+        # Registry bookkeeping, as for a PackFile (store/registry.py).
+        self.key: tuple[object, ...] = (os.path.dirname(path), os.path.basename(path), inode)
+        self.leases = 0
+        self.retired = False
+        self.handles = self.HANDLES
         with open(path, "rb") as fh:
+            if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
+                raise FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse(hash_len)
+        except BaseException:
+            self._map.close()
+            raise
+
+    def close(self) -> None:
+        if not self._map.closed:
+            self._map.close()
+
+    def files(self) -> tuple[tuple[str, object], ...]:
+        return ((self.path, self.key[2]),)
+
+    def _parse(self, hash_len: int) -> None:
         m = self._map
         if m[:4] != b"CGPH" or m[4] != 1:
             raise CommitGraphError("not a commit-graph v1 file")
@@ -110,25 +134,12 @@ class CommitGraph:
             i += 1
 
 
-# path -> (inode, its graph or None when unusable), for COMMIT_GRAPHS object directories
-# (docs/ARCHITECTURE.md, "Caches"). An entry holds a mapping, not memory.
-COMMIT_GRAPHS = 4096
-_cache = ByteLRU[tuple[int, CommitGraph | None]]("commit_graphs", COMMIT_GRAPHS, unit="entries")
-
-
-def load_commit_graph(objects_dir: str, hash_len: int, inode: int | None) -> CommitGraph | None:
-    """The repository's commit-graph, cached by (path, inode); None if absent or unusable.
-    git writes the file with a lock file and a rename, so a new graph has a new inode."""
-    if inode is None:
-        return None
+def open_commit_graph(objects_dir: str, hash_len: int, inode: int) -> CommitGraph:
+    """Map ``objects/info/commit-graph``, which must have ``inode`` (the registry keeps the
+    graph by path and inode: git writes it with a lock file and a rename, so a new graph
+    has a new inode). Raises OSError or CommitGraphError."""
     path = os.path.join(objects_dir, "info", "commit-graph")
-    cached = _cache.get(path, lambda c: c[0] == inode)
-    if cached is not None:
-        return cached[1]
     try:
-        graph: CommitGraph | None = CommitGraph(path, hash_len)
-    except (OSError, ValueError, CommitGraphError, struct.error):
-        graph = None
-    # Replaces a graph this path had: requests still using it keep their reference.
-    _cache.put(path, (inode, graph))
-    return graph
+        return CommitGraph(path, hash_len, inode)
+    except (ValueError, struct.error) as exc:
+        raise CommitGraphError(f"unreadable commit-graph: {exc}") from None

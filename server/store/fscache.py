@@ -87,7 +87,8 @@ class DirCache:
         links = frozenset(e.name for e in found if e.is_symlink())
         listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
         if self.enabled:
-            self._dirs.put(path, listing)
+            # What a listing holds: the object, and per entry a tuple, a name and an inode.
+            self._dirs.put(path, listing, nbytes=300 + 200 * len(listing.entries))
         return listing
 
     def check_links(self, fs: FsOps, dirpath: str, listing: Listing,
@@ -102,6 +103,13 @@ class DirCache:
 
     def forget(self, path: str) -> None:
         self._dirs.pop(path)
+
+    def forget_under(self, top: str) -> None:
+        """Forget the listings and files of ``top`` and everything below it (a repository
+        that went away)."""
+        inside = top.rstrip("/") + "/"
+        self._dirs.drop_where(lambda p: p == top or str(p).startswith(inside))
+        self._files.drop_where(lambda k: isinstance(k, tuple) and str(k[0]).startswith(inside))
 
     def file(self, fs: FsOps, path: str, listing: Listing) -> bytes | None:
         """Content of a small file in the directory ``listing`` came from.
@@ -124,5 +132,5 @@ class DirCache:
                 return hit
         data = fs.read_file_or_none(path)
         if data is not None and self.enabled and listing.trusted:
-            self._files.put(key, data)
+            self._files.put(key, data, nbytes=200 + len(data))
         return data

@@ -4,17 +4,28 @@ Each cache has a name and a budget, in bytes (each ``put`` gives the value's cos
 entries (each value costs 1). Lookups and evictions are counted per name, over every
 instance of that name (each repository's ref snapshots, each request's trees...), in one
 process-wide table that ``app/metrics.py`` exports (docs/ARCHITECTURE.md, "Caches").
+
+Every cache shared across requests also counts against one :class:`MemoryBudget`, the
+process-wide :data:`MEMORY` (``--cache-memory``), in bytes: a cache counted in entries
+tells what each entry holds (``nbytes`` on ``put``, else ``entry_bytes``). When all of them
+together hold more than that budget, the least recently used cache gives up its least
+recently used values until they fit (with room to spare: down to 7/8 of the budget): a
+cache of a repository nobody asked for lately goes first, the cache every request uses
+last.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from contextlib import nullcontext
 from typing import Generic, Literal, TypeVar
 
-__all__ = ["ByteLRU", "CacheStats", "all_cache_stats"]
+__all__ = ["ByteLRU", "CacheStats", "all_cache_stats", "MemoryBudget", "MEMORY",
+           "DEFAULT_CACHE_MEMORY"]
 
 V = TypeVar("V")
 Unit = Literal["bytes", "entries"]
@@ -57,24 +68,95 @@ def all_cache_stats() -> list[CacheStats]:
         return list(_STATS.values())
 
 
+DEFAULT_CACHE_MEMORY = 256 << 20
+
+_ticks = itertools.count()  # next() is atomic under the GIL: a clock of cache uses
+
+
+class MemoryBudget:
+    """One limit in bytes over many :class:`ByteLRU` caches (``--cache-memory``)."""
+
+    def __init__(self, limit: int = DEFAULT_CACHE_MEMORY) -> None:
+        self.limit = limit
+        self.total = 0
+        self.evictions = 0
+        self._caches: weakref.WeakSet[ByteLRU[object]] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._settling = False
+        self._gone: deque[int] = deque()  # bytes of caches collected (see ByteLRU.__del__)
+
+    def join(self, cache: ByteLRU[V]) -> None:
+        with self._lock:
+            self._caches.add(cache)  # type: ignore[arg-type]
+
+    def caches(self) -> list[ByteLRU[object]]:
+        with self._lock:
+            return list(self._caches)
+
+    def charge(self, delta: int) -> None:
+        """``delta`` bytes more (or fewer) are held; over the limit, evict. Called by a
+        cache after it released its own lock: eviction takes one cache lock at a time."""
+        with self._lock:
+            while self._gone:
+                self.total -= self._gone.popleft()
+            self.total += delta
+            if self.total <= self.limit or self._settling or delta <= 0:
+                return
+            self._settling = True  # one thread evicts; others go on meanwhile
+        try:
+            # Down to 7/8 of the limit, so that a full budget is not settled again at each
+            # put; the caches ordered once per settling (there may be thousands: each
+            # repository's, each pack's decoded bitmaps).
+            target = self.limit - self.limit // 8
+            with self._lock:
+                held = sorted((c for c in self._caches if c.held > 0), key=lambda c: c.last_use)
+            for victim in held:
+                if self.total <= target:
+                    break
+                self.evictions += victim.shed(self.total - target)
+        finally:
+            with self._lock:
+                self._settling = False
+
+
+MEMORY = MemoryBudget()
+"""The process-wide budget; the server sets its ``limit`` from ``--cache-memory``."""
+
+
 class ByteLRU(Generic[V]):
     """Least recently used values up to ``budget`` (``unit``: bytes or entries).
 
     A value costing more than an eighth of the budget is not kept: one large answer must
     not flush everything else. ``shared`` caches are used by several threads and take a
     lock; a request's own cache (``shared=False``) is used by one thread at a time.
+
+    A shared cache counts against ``parent`` (:data:`MEMORY` unless told otherwise; a
+    request's own cache against none). ``on_evict`` is called with (key, value) of each
+    value evicted, outside the lock.
     """
 
-    __slots__ = ("name", "budget", "stats", "_data", "_size", "_max_cost", "_lock")
+    __slots__ = ("name", "budget", "stats", "_data", "_size", "_max_cost", "_lock", "_parent",
+                 "_on_evict", "_bytes", "held", "entry_bytes", "last_use", "__weakref__")
 
-    def __init__(self, name: str, budget: int, *, unit: Unit = "bytes", shared: bool = True) -> None:
+    def __init__(self, name: str, budget: int, *, unit: Unit = "bytes", shared: bool = True,
+                 parent: MemoryBudget | None = MEMORY, entry_bytes: int = 256,
+                 on_evict: Callable[[Hashable, V], None] | None = None) -> None:
         self.name = name
         self.budget = budget
         self.stats = _stats_for(name, unit)
+        # key -> (value, cost in the cache's unit); in ``_bytes``, what it holds in bytes
         self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._size = 0
         self._max_cost = max(1, budget // 8)
         self._lock = threading.Lock() if shared else None
+        self._parent = parent if shared else None
+        self._on_evict = on_evict
+        self._bytes: dict[Hashable, int] | None = {} if unit == "entries" else None
+        self.held = 0  # bytes, as the shared budget counts them
+        self.entry_bytes = entry_bytes
+        self.last_use = next(_ticks)
+        if self._parent is not None:
+            self._parent.join(self)
 
     # Hot paths (a walk asks for each commit several times): no helper calls, and the
     # lock taken only by shared caches.
@@ -92,40 +174,118 @@ class ByteLRU(Generic[V]):
                 return None
             self._data.move_to_end(key)
             self.stats.hits += 1
+            self.last_use = next(_ticks)
             return item[0]
         finally:
             if lock is not None:
                 lock.release()
 
-    def put(self, key: Hashable, value: V, cost: int = 1) -> None:
-        """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries),
-        evicting the least recently used values beyond the budget."""
-        if cost > self._max_cost:
-            return
+    def put(self, key: Hashable, value: V, cost: int = 1, nbytes: int | None = None) -> bool:
+        """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries, and
+        give ``nbytes``, what it holds, unless ``entry_bytes`` says it well enough),
+        evicting the least recently used values beyond the budget. False when the value
+        costs more than an eighth of the budget (or of the shared one) and is not kept."""
+        parent = self._parent
+        size = cost if self._bytes is None else (self.entry_bytes if nbytes is None else nbytes)
+        if cost > self._max_cost or (parent is not None and size > parent.limit // 8):
+            return False
+        evicted: list[tuple[Hashable, V]] = []
         lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
-            data = self._data
+            data, sizes = self._data, self._bytes
+            before = self.held
             old = data.pop(key, None)
             if old is not None:
                 self._size -= old[1]
+                self.held -= old[1] if sizes is None else sizes.pop(key, 0)
             data[key] = (value, cost)
             self._size += cost
+            self.held += size
+            if sizes is not None:
+                sizes[key] = size
             while self._size > self.budget:
-                _, (_, c) = data.popitem(last=False)
+                k, (v, c) = data.popitem(last=False)
                 self._size -= c
+                self.held -= c if sizes is None else sizes.pop(k, 0)
                 self.stats.evictions += 1
+                evicted.append((k, v))
+            self.last_use = next(_ticks)
+            delta = self.held - before
         finally:
             if lock is not None:
                 lock.release()
+        if evicted and self._on_evict is not None:
+            self._evicted(evicted)
+        if parent is not None and delta:
+            parent.charge(delta)
+        return True
+
+    def shed(self, nbytes: int) -> int:
+        """Evict least recently used values until ``nbytes`` bytes are freed or none is
+        left (asked by the shared budget); how many values went."""
+        evicted: list[tuple[Hashable, V]] = []
+        with self._lock or nullcontext():
+            data, sizes = self._data, self._bytes
+            before = self.held
+            while self.held > before - nbytes and data:
+                k, (v, c) = data.popitem(last=False)
+                self._size -= c
+                self.held -= c if sizes is None else sizes.pop(k, 0)
+                evicted.append((k, v))
+            self.stats.evictions += len(evicted)
+            freed = before - self.held
+        self._evicted(evicted)
+        if self._parent is not None and freed:
+            self._parent.charge(-freed)
+        return len(evicted)
+
+    def _evicted(self, items: list[tuple[Hashable, V]]) -> None:
+        if self._on_evict is not None:
+            for k, v in items:
+                self._on_evict(k, v)
 
     def pop(self, key: Hashable) -> None:
         """Forget ``key`` (not counted as an eviction: the caller knows it is stale)."""
         with self._lock or nullcontext():
             old = self._data.pop(key, None)
+            freed = 0
             if old is not None:
                 self._size -= old[1]
+                freed = old[1] if self._bytes is None else self._bytes.pop(key, 0)
+                self.held -= freed
+        if self._parent is not None and freed:
+            self._parent.charge(-freed)
+
+    def drop_where(self, stale: Callable[[Hashable], bool]) -> int:
+        """Forget every key ``stale`` accepts (a pack that is gone): not an eviction."""
+        with self._lock or nullcontext():
+            keys = [k for k in self._data if stale(k)]
+            before = self.held
+            for k in keys:
+                c = self._data.pop(k)[1]
+                self._size -= c
+                self.held -= c if self._bytes is None else self._bytes.pop(k, 0)
+            freed = before - self.held
+        if self._parent is not None and freed:
+            self._parent.charge(-freed)
+        return len(keys)
+
+    def clear(self) -> None:
+        with self._lock or nullcontext():
+            freed, self.held, self._size = self.held, 0, 0
+            self._data.clear()
+            if self._bytes is not None:
+                self._bytes.clear()
+        if self._parent is not None and freed:
+            self._parent.charge(-freed)
+
+    def __del__(self) -> None:
+        # No lock here: the collector may run inside a locked section of this thread.
+        parent = getattr(self, "_parent", None)
+        if parent is not None and self.held:
+            parent._gone.append(self.held)
 
     def __contains__(self, key: Hashable) -> bool:
         """Is ``key`` kept? (Not a lookup: neither counted nor made recent.)"""

@@ -11,19 +11,20 @@ request needs rescans ``objects/pack`` at most once per request.
 from __future__ import annotations
 
 import os
+import weakref
 import zlib
 from dataclasses import dataclass
 
 from dulwich.errors import ApplyDeltaError
 from dulwich.pack import apply_delta
 
-from .commitgraph import CommitGraph, load_commit_graph
+from .commitgraph import CommitGraph
 from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
 from .packs import EntryHeader, PackFile, PackFormatError
-from .registry import LOOSE_ID_COST, PackRegistry
+from .registry import LOOSE_ID_COST, Leased, PackRegistry
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
 
@@ -79,8 +80,27 @@ class ObjectSnapshot:
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
         self.broken: list[PackFormatError] = []  # packs listed that cannot be read
+        # Every pack and graph this snapshot froze, leased until close() (registry.py).
+        self._leases: list[Leased] = []
+        self._finalizer = weakref.finalize(self, registry.release_later, self._leases)
+        self.alternates: list[ObjectSnapshot] = []
         self._scan_packs()
         self.alternates = self._load_alternates(_depth)
+
+    def close(self) -> None:
+        """End of the request: give back the leases on packs and commit-graph (also those
+        of the alternates). Nothing read through this snapshot may be used afterwards."""
+        for alt in self.alternates:
+            alt.close()
+        if self._finalizer.detach() is not None:
+            leases, self._leases = self._leases, []
+            self.registry.release(leases)
+
+    def __enter__(self) -> ObjectSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- pack list -------------------------------------------------------------
 
@@ -103,7 +123,9 @@ class ObjectSnapshot:
             key = (pack_dir, stem, ino, pack_ino)
             live.add(key)
             try:
-                packs.append(self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key, self.fs))
+                pack = self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key, self.fs)
+                self._leases.append(pack)
+                packs.append(pack)
             except FileNotFoundError:
                 continue  # removed between listing and opening: a repack is under way
             except PackFormatError as exc:
@@ -126,8 +148,15 @@ class ObjectSnapshot:
                 assert self._info_listing is not None
                 self.dirs.check_links(self.fs, os.path.join(self.objects_dir, "info"),
                                       self._info_listing, ("commit-graph",))
-            self._graph = load_commit_graph(self.objects_dir, self.hash_len,
-                                            entry[1] if entry else None)
+            graph = None
+            if entry is not None:
+                graph = self.registry.commit_graph(self.objects_dir, self.hash_len, entry[1],
+                                                   self.fs)
+                if graph is not None:
+                    self._leases.append(graph)
+            else:  # removed: a graph mapped earlier is retired
+                self.registry.forget_missing(set(), os.path.join(self.objects_dir, "info"))
+            self._graph = graph
         return self._graph  # type: ignore[return-value]
 
     def _listing(self, path: str, fresh: bool = False) -> Listing | None:

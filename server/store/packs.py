@@ -7,7 +7,7 @@ index (entry boundaries) and bitmaps lazily, once. It is safe to share between t
 
 from __future__ import annotations
 
-import heapq
+import errno
 import mmap
 import os
 import struct
@@ -16,9 +16,12 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import StorageError
+from .lru import ByteLRU
 from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
 __all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
@@ -100,19 +103,62 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
     return bytes(out)
 
 
+def _replaced(path: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
+
+
+class _LazyBaseRanks(Sequence[int]):
+    """Base ranks of the entries asked for, each read from its header once."""
+
+    def __init__(self, pack: PackFile) -> None:
+        self._pack = pack
+        self._known: dict[int, int] = {}
+
+    def __getitem__(self, rank: int) -> int:  # type: ignore[override]
+        base = self._known.get(rank)
+        if base is None:
+            base = self._known[rank] = self._pack.base_rank_at(rank)
+        return base
+
+    def __len__(self) -> int:
+        return self._pack.count
+
+
 class PackFile:
-    """A ``pack-*.pack`` with its v2 ``.idx``. ``key`` identifies it across rescans."""
+    """A ``pack-*.pack`` with its v2 ``.idx``. ``key`` identifies it across rescans:
+    (pack directory, stem, idx inode, pack inode). The files opened must be the ones the
+    listing named: a different inode (a repack replaced them since) raises
+    FileNotFoundError, as a file already gone does (ARCHITECTURE.md I1).
+
+    The :class:`~.registry.PackRegistry` owns its life: ``leases`` counts the requests
+    that froze it, and it is closed only when none does (``retired`` once its directory
+    stopped listing it; or to stay within ``--max-open-packs``)."""
+
+    HANDLES = 2  # the .pack descriptor and the .idx map
 
     def __init__(self, base: str, hash_len: int, key: tuple[object, ...]) -> None:
         self.base = base
         self.name = os.path.basename(base)
         self.hash_len = hash_len
         self.key = key
-        self._lock = threading.Lock()
-        self._idx = self._map_index(base + ".idx")
+        self.leases = 0  # guarded by the registry's lock
+        self.retired = False
+        self.handles = self.HANDLES
+        self._lock = threading.RLock()
+        # Data computed from the files (name prefixes, reverse index, base ranks, bitmaps):
+        # kept in ``extra`` while the cache below keeps it too (--cache-memory), which
+        # tells the registry when to forget it; ``unkept`` is what the cache refused (too
+        # large for it), forgotten once no request holds the pack.
+        self.data_cache: ByteLRU[tuple[object]] | None = None
+        self.unkept: set[str] = set()
+        want_idx, want_pack = (key[2], key[3]) if len(key) == 4 else (None, None)
+        self._idx = self._map_index(base + ".idx", want_idx)
         self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.pack_size = os.fstat(self.fd).st_size
+            st = os.fstat(self.fd)
+            if want_pack is not None and st.st_ino != want_pack:
+                raise _replaced(base + ".pack")
+            self.pack_size = st.st_size
             self._check_pack_header()
         except BaseException:
             # -1 first: __del__ must not close the number again, once another file has it.
@@ -128,8 +174,10 @@ class PackFile:
 
     # -- index ----------------------------------------------------------------
 
-    def _map_index(self, path: str) -> mmap.mmap:
+    def _map_index(self, path: str, inode: object = None) -> mmap.mmap:
         with open(path, "rb") as fh:
+            if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
+                raise _replaced(path)
             idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if len(idx) < 8 + 1024 + 2 * self.hash_len:
             idx.close()
@@ -168,12 +216,22 @@ class PackFile:
         return PackFormatError(f"{name}: {detail}", pack=self.name + ".pack")
 
     def close(self) -> None:
-        """Release the descriptors (also done when the object is collected)."""
+        """Release the descriptor and the map. Only the registry calls this, once no
+        request holds a lease (``__del__`` is a last resort for packs opened outside one)."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
         if not self._idx.closed:
             self._idx.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def files(self) -> tuple[tuple[str, object], ...]:
+        """(path, inode) of the files this object holds open, for the registry's sweep."""
+        idx_ino, pack_ino = (self.key[2], self.key[3]) if len(self.key) == 4 else (None, None)
+        return ((self.base + ".idx", idx_ino), (self.base + ".pack", pack_ino))
 
     def __del__(self) -> None:
         try:
@@ -181,21 +239,60 @@ class PackFile:
         except (OSError, AttributeError, ValueError):
             pass
 
+    # -- derived data ------------------------------------------------------------
+
+    def derived(self, kind: str, compute: Callable[[], tuple[Any, int]]) -> Any:
+        """The data ``kind`` computed from this pack: from ``extra``, else from the shared
+        cache (kept there by an earlier PackFile of the same key), else ``compute()``
+        (value, cost in bytes), once."""
+        if kind in self.extra:
+            return self.extra[kind]
+        cache = self.data_cache
+        if cache is not None:
+            hit = cache.get((self.key, kind))
+            if hit is not None:
+                self.extra[kind] = hit[0]
+                return hit[0]
+        with self._lock:
+            if kind in self.extra:
+                return self.extra[kind]
+            value, cost = compute()
+            self.extra[kind] = value
+        if cache is None or not cache.put((self.key, kind), (value,), cost + 200):
+            self.unkept.add(kind)
+        return value
+
+    def forget_derived(self, kind: str) -> None:
+        """The cache let ``kind`` go: a later use computes it again (a request using it
+        now keeps its own reference)."""
+        self.extra.pop(kind, None)
+        if kind == "prefixes":
+            self._prefixes = None
+        elif kind == "reverse":
+            self._sorted_offsets = self._pack_order = self._rank_of = None
+
+    def drop_unkept(self) -> None:
+        for kind in list(self.unkept):
+            self.forget_derived(kind)
+        self.unkept.clear()
+
     def _load_prefixes(self) -> array:
         """The first 4 bytes of every name as integers, for C-speed bisection. Taken as a
         strided view of the mapped index, so no per-object Python step and no copy of the
         whole name table."""
-        with self._lock:
-            if self._prefixes is None:
-                h, base, n = self.hash_len, self._names_at, self.count
-                words = memoryview(self._idx)[base : base + n * h].cast("I")
-                prefixes = array("I")
-                prefixes.frombytes(words[:: h // 4].tobytes())
-                words.release()
-                if sys.byteorder == "little":
-                    prefixes.byteswap()
-                self._prefixes = prefixes
-        return self._prefixes
+        def compute() -> tuple[array, int]:
+            h, base, n = self.hash_len, self._names_at, self.count
+            words = memoryview(self._idx)[base : base + n * h].cast("I")
+            prefixes = array("I")
+            prefixes.frombytes(words[:: h // 4].tobytes())
+            words.release()
+            if sys.byteorder == "little":
+                prefixes.byteswap()
+            return prefixes, 4 * n
+
+        prefixes: array = self.derived("prefixes", compute)
+        self._prefixes = prefixes
+        return prefixes
 
     def find(self, oid: bytes) -> int:
         """Index position of binary ``oid``, or -1."""
@@ -262,66 +359,85 @@ class PackFile:
         return order
 
     def _sort_by_offset(self, offsets: array) -> array:
-        """Index positions in offset order, sorted in slices and merged, so that the only
-        large structures are flat arrays (a list of a million ints would cost 40 MB)."""
-        n = len(offsets)
-        step = 1 << 16
-        runs = []
-        for lo in range(0, n, step):
-            keys = sorted((offsets[i] << 24) | i for i in range(lo, min(n, lo + step)))
-            runs.append(array("Q", keys))
-        order = array("I", bytes(4 * n))
-        for k, key in enumerate(heapq.merge(*runs)):
-            order[k] = key & 0xFFFFFF
-        return order
+        """Index positions in offset order: one sort in C keyed by the offsets array (the
+        list of positions it sorts is transient; it becomes a flat array at once)."""
+        return array("I", sorted(range(len(offsets)), key=offsets.__getitem__))
 
     def _load_reverse(self) -> None:
-        with self._lock:
-            if self._sorted_offsets is not None:
-                return
-            offsets = self._all_offsets()
-            order = self._read_rev_file()
-            if order is None:
-                order = self._sort_by_offset(offsets)
-            sorted_offsets = array("Q", map(offsets.__getitem__, order))
-            sorted_offsets.append(self.pack_size - self.hash_len)
-            del offsets
-            inverse = array("I", bytes(4 * self.count))
-            for rank, pos in enumerate(order):
-                inverse[pos] = rank
-            self._pack_order = order
-            self._rank_of = inverse
-            self._sorted_offsets = sorted_offsets
+        order, inverse, sorted_offsets = self.derived("reverse", self._compute_reverse)
+        self._pack_order = order
+        self._rank_of = inverse
+        self._sorted_offsets = sorted_offsets
+
+    def _compute_reverse(self) -> tuple[tuple[array, array, array], int]:
+        offsets = self._all_offsets()
+        order = self._read_rev_file()
+        if order is None:
+            order = self._sort_by_offset(offsets)
+        sorted_offsets = array("Q", map(offsets.__getitem__, order))
+        sorted_offsets.append(self.pack_size - self.hash_len)
+        del offsets
+        inverse = array("I", bytes(4 * self.count))
+        for rank, pos in enumerate(order):
+            inverse[pos] = rank
+        return (order, inverse, sorted_offsets), 16 * self.count
 
     def rank_of_index_pos(self, pos: int) -> int:
         """Pack-order rank of the object at index position ``pos``."""
-        if self._rank_of is None:
+        rank_of = self._rank_of
+        if rank_of is None:
+            rank_of = self.derived("reverse", self._compute_reverse)[1]
             self._load_reverse()
-        assert self._rank_of is not None
-        return self._rank_of[pos]
+        return rank_of[pos]  # type: ignore[no-any-return]
 
     @property
     def sorted_offsets(self) -> array:
         """Entry offsets in pack order, plus the trailer's offset as a sentinel."""
-        if self._sorted_offsets is None:
+        offs = self._sorted_offsets
+        if offs is None:
+            offs = self.derived("reverse", self._compute_reverse)[2]
             self._load_reverse()
-        assert self._sorted_offsets is not None
-        return self._sorted_offsets
+        return offs
 
     @property
     def pack_order(self) -> array:
         """``pack_order[i]`` is the index position of the i-th entry in pack order."""
-        if self._pack_order is None:
+        order = self._pack_order
+        if order is None:
+            order = self.derived("reverse", self._compute_reverse)[0]
             self._load_reverse()
-        assert self._pack_order is not None
-        return self._pack_order
+        return order
+
+    def base_ranks_for(self, selected: int) -> Sequence[int]:
+        """Base ranks (as :meth:`base_ranks`) for an outgoing pack that copies ``selected``
+        entries of this one: the whole table when it is known already or the selection is
+        a large part of the pack (one sequential read of every header), else read entry by
+        entry as asked (a fetch of a few objects must not parse the whole pack, cold)."""
+        if "base_ranks" in self.extra or selected * 8 >= self.count:
+            return self.base_ranks()  # type: ignore[no-any-return]
+        cache = self.data_cache
+        if cache is not None:
+            hit = cache.get((self.key, "base_ranks"))
+            if hit is not None:
+                return hit[0]  # type: ignore[return-value]
+        return _LazyBaseRanks(self)
+
+    def base_rank_at(self, rank: int) -> int:
+        """The base rank of one entry (see :meth:`base_ranks`), from its header."""
+        offs = self.sorted_offsets
+        hdr = self.read_header(offs[rank])
+        if hdr.type_num == OFS_DELTA:
+            assert hdr.base_offset is not None
+            return bisect_left(offs, hdr.base_offset, 0, rank)
+        return -1 if hdr.type_num == REF_DELTA else rank
 
     def base_ranks(self) -> array:
         """Per pack-order rank: the rank itself for whole objects, the base's rank for
         OFS_DELTA, -1 for REF_DELTA. Computed once per pack (one sequential read)."""
-        cached = self.extra.get("base_ranks")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
+        ranks: array = self.derived("base_ranks", self._compute_base_ranks)
+        return ranks
+
+    def _compute_base_ranks(self) -> tuple[array, int]:
         offs = self.sorted_offsets
         n = self.count
         out = array("i", bytes(4 * n))
@@ -340,8 +456,7 @@ class PackFile:
                 out[rank] = -1
             else:
                 out[rank] = rank
-        self.extra["base_ranks"] = out
-        return out
+        return out, 4 * n
 
     # -- entries ----------------------------------------------------------------
 

@@ -72,6 +72,9 @@ class _PackedSegment:
         return _PackedSegment(self.start + delta, self.end + delta, self.names, self.segment)
 
 
+REF_BYTES = 250  # a Ref in a snapshot (--cache-memory): name, ids, the object itself
+
+
 @dataclass(frozen=True)
 class _PackedRefs:
     """A parsed packed-refs file, in segments of :data:`SEGMENT_REFS` entries.
@@ -388,7 +391,9 @@ class _Reader:
                 self.cache.packed.pop(last.key)
             self.cache.last_packed = _LastPacked(self.hex_len, parsed, key)
             if top.trusted:
-                self.cache.packed.put(key, parsed)
+                # What it holds, for --cache-memory: the file, and a Ref per line.
+                refs = sum(len(seg.names) for seg in parsed.segments)
+                self.cache.packed.put(key, parsed, nbytes=3 * len(data) + 200 * refs)
         return parsed
 
     def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
@@ -606,7 +611,8 @@ def read_ref_snapshot(
     snap = RefSnapshot(head, segments, hex_len, state, complete=not prefixes, cacheable=trusted,
                        prefixes=tuple(prefixes))
     if trusted:
-        cache.snapshots.put(state, snap)
+        cache.snapshots.put(state, snap,
+                            nbytes=REF_BYTES * (1 + sum(len(seg.refs) for seg in segments)))
     return snap
 
 

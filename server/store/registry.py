@@ -1,17 +1,42 @@
-"""Process-wide state of the object layer: every open pack, and the caches of immutable
-facts (resolved objects, peeled tags, object sets, loose fan-out listings, alternates)."""
+"""Process-wide state of the object layer: every open pack and commit-graph, and the caches
+of immutable facts (resolved objects, peeled tags, object sets, loose fan-out listings,
+alternates, packs' derived data).
+
+Open files are leased (docs/ARCHITECTURE.md I1; README.md "Open files"). Each request's
+:class:`~.odb.ObjectSnapshot` takes a lease on every pack (and the commit-graph) it froze
+and gives them back when the request ends. The registry closes a file
+
+- when its directory no longer lists it (a repack replaced it, or the repository went
+  away) and the last lease ends: its descriptor, its map and every cache entry keyed by it
+  go at once, so no ``(deleted)`` file stays open and no NFS silly-rename file stays behind;
+- when more than ``max_open`` descriptors and maps are open: the least recently used file
+  that no request holds is closed, and opened again (its inodes checked) when next needed.
+  A pack costs two (its descriptor, its index map), a commit-graph one; each map is one
+  descriptor too (Python's mmap keeps a duplicate), so ``max_open`` bounds both.
+
+A file leased by a request is never closed under it; the budget may be exceeded while
+requests hold more than it allows.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
+from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
 from .fsops import FsOps
 from .lru import ByteLRU
 from .packs import PackFile
 
-__all__ = ["PackRegistry"]
+__all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN"]
 
-# Budgets of the caches below (docs/ARCHITECTURE.md, "Caches").
+DEFAULT_MAX_OPEN = 256  # descriptors and maps; leaves most of ulimit -n 1024 to sockets
+
+# Budgets of the caches below (docs/ARCHITECTURE.md, "Caches"); all of them together are
+# held within --cache-memory (lru.MEMORY).
 OBJECTS_BUDGET = 16 << 20  # bytes of inflated commits, trees, tags and delta results
 PEELED_BUDGET = 64 << 20  # bytes, at PEELED_COST a tag
 PEELED_COST = 256  # a hex id, its hex target and the LRU's own bookkeeping
@@ -19,20 +44,42 @@ OBJECT_SETS_BUDGET = 64 << 20  # bytes of object sets and pack selections
 LOOSE_IDS_BUDGET = 64 << 20  # bytes of loose object ids, at LOOSE_ID_COST an id
 LOOSE_ID_COST = 64
 ALTERNATES_ENTRIES = 10_000  # alternates files
+PACK_DATA_BUDGET = 1 << 40  # derived data of packs: bounded by --cache-memory alone
+
+
+class Leased(Protocol):
+    """What the registry keeps: a PackFile or a CommitGraph."""
+
+    key: tuple[object, ...]
+    leases: int
+    retired: bool
+    handles: int
+
+    def close(self) -> None: ...
+
+    def files(self) -> tuple[tuple[str, object], ...]: ...
 
 
 class PackRegistry:
-    """Every :class:`PackFile` this process has opened, by (path, idx inode, pack inode).
+    """Every open :class:`PackFile` (key: pack directory, stem, idx inode, pack inode) and
+    :class:`CommitGraph` (key: info directory, name, inode), least recently used first."""
 
-    The packs themselves are not a cache: a PackFile holds descriptors and the reverse
-    index and bitmaps computed from them, and is dropped when its pack is gone
-    (:meth:`forget_missing`), never to make room."""
-
-    def __init__(self, cache_budget: int = OBJECTS_BUDGET) -> None:
-        self._packs: dict[tuple[object, ...], PackFile] = {}
+    def __init__(self, cache_budget: int = OBJECTS_BUDGET, max_open: int = DEFAULT_MAX_OPEN) -> None:
+        self._open: OrderedDict[tuple[object, ...], Leased] = OrderedDict()
+        self._retired: dict[int, Leased] = {}  # retired files some request still leases
         self._lock = threading.Lock()
+        self._pending: deque[list[Leased]] = deque()  # leases given back by finalizers
+        self._bad_graphs: dict[tuple[object, ...], bool] = {}
+        self.max_open = max_open
+        self.handles = 0  # descriptors and maps open now (leased, idle or retired)
+        self.opened = 0
+        self.evicted = 0  # closed to stay within max_open
+        self.released = 0  # closed because their directory no longer lists them
         # (pack key, offset) or ("loose", id) -> (type, content)
         self.objects = ByteLRU[tuple[int, bytes]]("objects", cache_budget)
+        # (pack key, kind) -> (data,): name prefixes, reverse index, base ranks, bitmaps
+        self.pack_data = ByteLRU[tuple[object]]("pack_indexes", PACK_DATA_BUDGET,
+                                                on_evict=self._pack_data_evicted)
         # hex id -> hex id it peels to, b"" when it is not a tag (immutable facts)
         self.peeled = ByteLRU[bytes]("peeled", PEELED_BUDGET)
         self.reach_cache = ByteLRU[object]("object_sets", OBJECT_SETS_BUDGET)  # of wants
@@ -42,22 +89,201 @@ class PackRegistry:
         self.alternates = ByteLRU[tuple[tuple[str, str], ...]]("alternates", ALTERNATES_ENTRIES,
                                                               unit="entries")
 
+    # -- leases ----------------------------------------------------------------
+
     def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:
-        pack = self._packs.get(key)
-        if pack is not None:
-            return pack
-        with self._lock:
-            pack = self._packs.get(key)
-            if pack is None:
-                fs.note("open", 2)
-                pack = PackFile(base, hash_len, key)
-                self._packs[key] = pack
+        """The pack ``key`` names, open and leased: give it back with :meth:`release`.
+        Raises FileNotFoundError when its files are gone or replaced since listed."""
+        pack = self._acquire(key, lambda: self._new_pack(base, hash_len, key), fs, 2)
+        assert isinstance(pack, PackFile)
         return pack
 
-    def forget_missing(self, live: set[tuple[object, ...]], prefix: str) -> None:
-        """Forget packs under ``prefix`` that are no longer listed (another process
-        repacked). Requests still sending from one keep it open: a PackFile closes its
-        descriptors when the last reference goes away."""
+    def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...]) -> PackFile:
+        pack = PackFile(base, hash_len, key)
+        pack.data_cache = self.pack_data
+        return pack
+
+    def _pack_data_evicted(self, key: object, _value: object) -> None:
+        """The memory budget let a pack's derived data go: the open PackFile forgets it."""
+        assert isinstance(key, tuple)
+        pack = self._open.get(key[0])
+        if isinstance(pack, PackFile):
+            pack.forget_derived(key[1])
+
+    def commit_graph(self, objects_dir: str, hash_len: int, inode: int,
+                     fs: FsOps) -> CommitGraph | None:
+        """The commit-graph with ``inode``, leased; None when absent or unusable."""
+        info = os.path.join(objects_dir, "info")
+        key: tuple[object, ...] = (info, "commit-graph", inode)
+        if key in self._bad_graphs:
+            return None
+        self.forget_missing({key}, info)  # an older graph of this directory is retired
+        try:
+            graph = self._acquire(key, lambda: open_commit_graph(objects_dir, hash_len, inode),
+                                  fs, 1)
+        except FileNotFoundError:
+            return None
+        except (OSError, CommitGraphError):
+            if len(self._bad_graphs) >= 10_000:
+                self._bad_graphs.clear()
+            self._bad_graphs[key] = True
+            return None
+        assert isinstance(graph, CommitGraph)
+        return graph
+
+    def _acquire(self, key: tuple[object, ...], opener: Callable[[], Leased], fs: FsOps,
+                 opens: int) -> Leased:
         with self._lock:
-            for k in [k for k in self._packs if k[0] == prefix and k not in live]:
-                del self._packs[k]
+            self._drain_pending()
+            item = self._open.get(key)
+            if item is not None:
+                item.leases += 1
+                self._open.move_to_end(key)
+                return item
+        # Opened outside the lock: on NFS an open costs round trips, and other requests
+        # must not wait for them.
+        fs.note("open", opens)
+        fresh = opener()
+        victims: list[Leased] = []
+        with self._lock:
+            item = self._open.get(key)
+            if item is None:
+                item = fresh
+                self._open[key] = item
+                self.handles += item.handles
+                self.opened += 1
+            else:
+                victims.append(fresh)  # another request opened it meanwhile
+                self._open.move_to_end(key)
+            item.leases += 1
+            victims += self._over_budget()
+        self._close(victims)
+        return item
+
+    def release(self, items: Iterable[Leased]) -> None:
+        """Give leases back: a retired file whose last lease this was is closed now."""
+        victims: list[Leased] = []
+        with self._lock:
+            self._drain_pending()
+            victims += self._release_locked(items)
+            victims += self._over_budget()
+        self._close(victims)
+
+    def release_later(self, items: list[Leased]) -> None:
+        """:meth:`release` for finalizers (which may run inside a locked section): queued,
+        and done by the next call that takes the lock."""
+        self._pending.append(items)
+
+    def _drain_pending(self) -> None:
+        while self._pending:
+            self._close(self._release_locked(self._pending.popleft()))
+
+    def _release_locked(self, items: Iterable[Leased]) -> list[Leased]:
+        done = []
+        for item in items:
+            item.leases -= 1
+            if item.leases == 0 and isinstance(item, PackFile) and item.unkept:
+                item.drop_unkept()  # too large for the memory budget: not kept idle
+            if item.leases == 0 and self._retired.pop(id(item), None) is not None:
+                self.handles -= item.handles
+                self.released += 1
+                done.append(item)
+        return done
+
+    def _over_budget(self) -> list[Leased]:
+        """Close least recently used idle files while over ``max_open`` (under the lock)."""
+        victims: list[Leased] = []
+        if self.handles <= self.max_open:
+            return victims
+        for key, item in list(self._open.items()):
+            if self.handles <= self.max_open:
+                break
+            if item.leases == 0:
+                del self._open[key]
+                self.handles -= item.handles
+                self.evicted += 1
+                victims.append(item)
+        return victims
+
+    def _close(self, items: list[Leased]) -> None:
+        for item in items:
+            item.close()
+            if item.retired:
+                self._drop_cached(item.key)
+
+    def _drop_cached(self, key: tuple[object, ...]) -> None:
+        """Cache entries keyed by a file that is gone (objects read from it, object sets
+        of its bitmaps, selections naming it)."""
+        def mentions(k: object) -> bool:
+            return isinstance(k, tuple) and key in k
+        self.objects.drop_where(mentions)
+        self.pack_data.drop_where(mentions)
+        self.reach_cache.drop_where(mentions)
+
+    # -- retiring ----------------------------------------------------------------
+
+    def forget_missing(self, live: set[tuple[object, ...]], prefix: str) -> None:
+        """Retire the files of directory ``prefix`` whose keys are not in ``live`` (another
+        process repacked, or the repository is gone): closed now when no request leases
+        them, else when the last lease ends."""
+        victims: list[Leased] = []
+        with self._lock:
+            for key in [k for k in self._open if k[0] == prefix and k not in live]:
+                victims += self._retire_locked(key)
+        self._close(victims)
+
+    def _retire_locked(self, key: tuple[object, ...]) -> list[Leased]:
+        item = self._open.pop(key)
+        item.retired = True
+        if item.leases == 0:
+            self.handles -= item.handles
+            self.released += 1
+            return [item]
+        self._retired[id(item)] = item
+        return []
+
+    def forget_repository(self, objects_dir: str) -> None:
+        """The repository went away: retire its packs and commit-graph, forget its caches."""
+        objects_dir = objects_dir.rstrip("/")
+        for sub in ("pack", "info"):
+            self.forget_missing(set(), os.path.join(objects_dir, sub))
+        def of_repo(k: object) -> bool:
+            return isinstance(k, tuple) and k[0] == objects_dir
+        self.fanout_ids.drop_where(of_repo)
+        self.alternates.drop_where(of_repo)
+
+    def sweep(self) -> int:
+        """Retire open files that are no longer on disk as they were opened (same path,
+        same inode), though no request has listed their directory since: a repack of a
+        repository nobody asks for must not keep its old packs open. One ``stat`` per
+        file that no request holds; returns how many were retired."""
+        with self._lock:
+            self._drain_pending()
+            idle = [(k, item.files()) for k, item in self._open.items() if item.leases == 0]
+        gone = []
+        for key, files in idle:
+            for path, inode in files:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    gone.append(key)
+                    break
+                if inode is not None and st.st_ino != inode:
+                    gone.append(key)
+                    break
+        victims: list[Leased] = []
+        with self._lock:
+            for key in gone:
+                if key in self._open:
+                    victims += self._retire_locked(key)
+        self._close(victims)
+        return len(gone)
+
+    # -- introspection --------------------------------------------------------------
+
+    @property
+    def open_files(self) -> int:
+        return len(self._open) + len(self._retired)
+
+    def __len__(self) -> int:
+        return len(self._open)

@@ -21,6 +21,7 @@ from gitspout.protocol.refs import parse_hide_pattern
 from .confine import is_within
 from .fscache import DirCache
 from .fsops import FsOps
+from .lru import ByteLRU
 from .refs import RefCache
 
 __all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config"]
@@ -184,20 +185,42 @@ def _clean_segments(rel: str) -> list[str]:
     return parts
 
 
+# What a resolved repository holds besides its caches (which count for themselves): the
+# Repo, its config, three empty ByteLRUs; and a URL path's entry. For --cache-memory.
+REPO_BYTES = 4096
+URL_BYTES = 256
+RESOLVED_ENTRIES = 1 << 20
+
+
 class RepoResolver:
-    """Maps URL paths to :class:`Repo` objects; caches positive answers per real path."""
+    """Maps URL paths to :class:`Repo` objects; caches positive answers per real path.
+
+    Both maps are caches within --cache-memory: a repository nobody asked for lately is
+    dropped with its caches, and resolved again (a few stats) when it is asked for."""
 
     def __init__(self, root: str, allow_outside: bool = False) -> None:
         self.root = os.path.realpath(root)
         self.allow_outside = allow_outside  # --allow-symlinks-outside-root
-        self._repos: dict[str, Repo] = {}
-        self._by_url: dict[str, str] = {}
+        self._repos = ByteLRU[Repo]("repos", RESOLVED_ENTRIES, unit="entries",
+                                    entry_bytes=REPO_BYTES)
+        self._by_url = ByteLRU[str]("repo_paths", RESOLVED_ENTRIES, unit="entries",
+                                    entry_bytes=URL_BYTES)
         self._lock = threading.Lock()
 
-    def forget(self, url_path: str) -> None:
-        """Drop a cached resolution (the repository went away)."""
+    def forget(self, url_path: str) -> Repo | None:
+        """Drop a cached resolution (the repository went away): every URL path that led
+        to the same directory, and the :class:`Repo` with its caches, which is returned."""
+        key = "/".join(p for p in url_path.split("/") if p)
         with self._lock:
-            self._by_url.pop("/".join(p for p in url_path.split("/") if p), None)
+            real = self._by_url.get(key)
+            if real is None:
+                return None
+            self._by_url.pop(key)
+            repo = self._repos.get(real)
+            self._repos.pop(real)
+            # Other paths to it stay mapped to ``real``, which now leads nowhere: they are
+            # resolved again (and found missing) when asked for.
+            return repo
 
     def _candidates(self, parts: list[str]) -> list[str]:
         rel = os.path.join(self.root, *parts) if parts else self.root
@@ -217,10 +240,11 @@ class RepoResolver:
         parts = _clean_segments(url_path)
         key = "/".join(parts)
         real = self._by_url.get(key)
-        if real is not None:
+        found = self._repos.get(real) if real is not None else None
+        if found is not None:
             # No syscall here: the request's first read of the git directory (through
             # the listing cache) finds out if the repository went away.
-            return self._repos[real]
+            return found
         outside: tuple[str, str] | None = None
         for cand in self._candidates(parts):
             real = os.path.realpath(cand)
@@ -233,8 +257,8 @@ class RepoResolver:
                 repo = self._repos.get(real)
                 if repo is None:
                     repo = Repo(key, real)
-                    self._repos[real] = repo
-                self._by_url[key] = real
+                    self._repos.put(real, repo)
+                self._by_url.put(key, real)
             return repo
         if outside is not None:
             log.warning("refusing /%s: %s leads to %s, outside the root", key, *outside)
