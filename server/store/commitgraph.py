@@ -33,7 +33,8 @@ class CommitGraph:
 
     HANDLES = 1  # the map
 
-    def __init__(self, path: str, hash_len: int, inode: int | None = None) -> None:
+    def __init__(self, path: str, hash_len: int, inode: int | None = None,
+                 verify: bool = True) -> None:
         self.path = path
         # Registry bookkeeping, as for a PackFile (store/registry.py).
         self.key: tuple[object, ...] = (os.path.dirname(path), os.path.basename(path), inode)
@@ -41,7 +42,7 @@ class CommitGraph:
         self.retired = False
         self.handles = self.HANDLES
         with open(path, "rb") as fh:
-            if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
+            if verify and inode is not None and os.fstat(fh.fileno()).st_ino != inode:
                 raise FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
@@ -134,12 +135,13 @@ class CommitGraph:
             i += 1
 
 
-def open_commit_graph(objects_dir: str, hash_len: int, inode: int) -> CommitGraph:
+def open_commit_graph(objects_dir: str, hash_len: int, inode: int,
+                      verify: bool = True) -> CommitGraph:
     """Map ``objects/info/commit-graph``, which must have ``inode`` (the registry keeps the
     graph by path and inode: git writes it with a lock file and a rename, so a new graph
     has a new inode). Raises OSError or CommitGraphError."""
     path = os.path.join(objects_dir, "info", "commit-graph")
     try:
-        return CommitGraph(path, hash_len, inode)
+        return CommitGraph(path, hash_len, inode, verify)
     except (ValueError, struct.error) as exc:
         raise CommitGraphError(f"unreadable commit-graph: {exc}") from None

@@ -123,7 +123,10 @@ class ObjectSnapshot:
             key = (pack_dir, stem, ino, pack_ino)
             live.add(key)
             try:
-                pack = self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key, self.fs)
+                linked = listing is not None and (name in listing.links
+                                                  or stem + ".pack" in listing.links)
+                pack = self.registry.get(os.path.join(pack_dir, stem), self.hash_len, key,
+                                         self.fs, verify=not linked)
                 self._leases.append(pack)
                 packs.append(pack)
             except FileNotFoundError:
@@ -150,8 +153,10 @@ class ObjectSnapshot:
                                       self._info_listing, ("commit-graph",))
             graph = None
             if entry is not None:
-                graph = self.registry.commit_graph(self.objects_dir, self.hash_len, entry[1],
-                                                   self.fs)
+                assert self._info_listing is not None
+                graph = self.registry.commit_graph(
+                    self.objects_dir, self.hash_len, entry[1], self.fs,
+                    verify="commit-graph" not in self._info_listing.links)
                 if graph is not None:
                     self._leases.append(graph)
             else:  # removed: a graph mapped earlier is retired

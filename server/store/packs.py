@@ -136,7 +136,8 @@ class PackFile:
 
     HANDLES = 2  # the .pack descriptor and the .idx map
 
-    def __init__(self, base: str, hash_len: int, key: tuple[object, ...]) -> None:
+    def __init__(self, base: str, hash_len: int, key: tuple[object, ...],
+                 verify: bool = True) -> None:
         self.base = base
         self.name = os.path.basename(base)
         self.hash_len = hash_len
@@ -151,7 +152,8 @@ class PackFile:
         # large for it), forgotten once no request holds the pack.
         self.data_cache: ByteLRU[tuple[object]] | None = None
         self.unkept: set[str] = set()
-        want_idx, want_pack = (key[2], key[3]) if len(key) == 4 else (None, None)
+        # ``verify`` is False for symlinked files, whose listed inode is the link's.
+        want_idx, want_pack = (key[2], key[3]) if verify and len(key) == 4 else (None, None)
         self._idx = self._map_index(base + ".idx", want_idx)
         self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
         try:

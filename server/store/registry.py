@@ -91,15 +91,18 @@ class PackRegistry:
 
     # -- leases ----------------------------------------------------------------
 
-    def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps) -> PackFile:
+    def get(self, base: str, hash_len: int, key: tuple[object, ...], fs: FsOps,
+            verify: bool = True) -> PackFile:
         """The pack ``key`` names, open and leased: give it back with :meth:`release`.
-        Raises FileNotFoundError when its files are gone or replaced since listed."""
-        pack = self._acquire(key, lambda: self._new_pack(base, hash_len, key), fs, 2)
+        Raises FileNotFoundError when its files are gone or replaced since listed (not
+        checked when ``verify`` is False: symlinks, listed with the link's inode)."""
+        pack = self._acquire(key, lambda: self._new_pack(base, hash_len, key, verify), fs, 2)
         assert isinstance(pack, PackFile)
         return pack
 
-    def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...]) -> PackFile:
-        pack = PackFile(base, hash_len, key)
+    def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...],
+                  verify: bool) -> PackFile:
+        pack = PackFile(base, hash_len, key, verify)
         pack.data_cache = self.pack_data
         return pack
 
@@ -111,16 +114,17 @@ class PackRegistry:
             pack.forget_derived(key[1])
 
     def commit_graph(self, objects_dir: str, hash_len: int, inode: int,
-                     fs: FsOps) -> CommitGraph | None:
-        """The commit-graph with ``inode``, leased; None when absent or unusable."""
+                     fs: FsOps, verify: bool = True) -> CommitGraph | None:
+        """The commit-graph with ``inode``, leased; None when absent or unusable. (A
+        symlinked graph is listed with the link's inode: ``verify`` False.)"""
         info = os.path.join(objects_dir, "info")
         key: tuple[object, ...] = (info, "commit-graph", inode)
         if key in self._bad_graphs:
             return None
         self.forget_missing({key}, info)  # an older graph of this directory is retired
         try:
-            graph = self._acquire(key, lambda: open_commit_graph(objects_dir, hash_len, inode),
-                                  fs, 1)
+            graph = self._acquire(
+                key, lambda: open_commit_graph(objects_dir, hash_len, inode, verify), fs, 1)
         except FileNotFoundError:
             return None
         except (OSError, CommitGraphError):
@@ -264,7 +268,7 @@ class PackRegistry:
         for key, files in idle:
             for path, inode in files:
                 try:
-                    st = os.stat(path)
+                    st = os.lstat(path)  # the inode a listing shows, also for a symlink
                 except OSError:
                     gone.append(key)
                     break
