@@ -121,6 +121,16 @@ class LiveServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def wait_for_line(self, needle: str, timeout: float = 5.0) -> str:
+        """The first output line containing ``needle``, waiting up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            time.sleep(0.05)
+        raise AssertionError(f"no log line with {needle!r} in:\n" + "\n".join(self.lines[-20:]))
+
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 10 s: every test-started process ends this way."""

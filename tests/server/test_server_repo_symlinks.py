@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,16 +221,6 @@ def permissive(layout: Layout) -> Iterator[LiveServer]:
     srv.stop()
 
 
-def _wait_for_line(srv: LiveServer, needle: str, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(srv.lines):
-            if needle in line:
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no log line with {needle!r} in:\n" + "\n".join(srv.lines[-20:]))
-
-
 def _clone_both(git: Git, srv: LiveServer, name: str, dest: Path) -> None:
     """Clone from gitspout and from file://: same refs, HEAD, objects; both fsck."""
     ours, theirs = dest / "http", dest / "file"
@@ -253,7 +242,7 @@ def test_symlink_outside_root_is_refused(git: Git, guarded: LiveServer, layout: 
     assert proc.returncode != 0
     err = proc.stderr.decode(errors="replace")
     assert "not found" in err or "404" in err, err
-    line = _wait_for_line(guarded, f"refusing /{repo}: ")
+    line = guarded.wait_for_line(f"refusing /{repo}: ")
     assert str(layout.root / repo / link) in line, line
     assert "outside the root" in line
     ls = git.run("ls-remote", f"{guarded.url}/{repo}", check=False)
@@ -312,7 +301,7 @@ def test_retargeted_link_is_seen_at_the_next_request(git: Git, guarded: LiveServ
     os.replace(root / "hop.new", root / "hop")  # root/hop now leads outside
     proc = git.run("clone", "-q", url, str(tmp_path / "after"), check=False)
     assert proc.returncode != 0
-    line = _wait_for_line(guarded, "refusing /hop-user.git: ")
+    line = guarded.wait_for_line("refusing /hop-user.git: ")
     assert str(repo / "objects") in line
     os.symlink("basic.git", root / "hop.new")
     os.replace(root / "hop.new", root / "hop")  # and back inside

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,16 +66,6 @@ def _garble_first(pack: Path, type_name: str) -> str:
     return oid
 
 
-def _wait_for_line(srv: LiveServer, needle: str, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(srv.lines):
-            if needle in line:
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no log line with {needle!r} in:\n" + "\n".join(srv.lines[-20:]))
-
-
 def _main(git: Git, srv: LiveServer) -> str:
     out = git.out("ls-remote", f"{srv.url}/{DAMAGED}", "refs/heads/main")  # the advertisement
     return out.split()[0]
@@ -96,7 +85,7 @@ def _assert_still_serving(git: Git, srv: LiveServer, dest: Path) -> None:
 
 
 def _assert_logged(srv: LiveServer, pack: Path) -> None:
-    line = _wait_for_line(srv, f"storage fault in /{DAMAGED}")
+    line = srv.wait_for_line(f"storage fault in /{DAMAGED}")
     assert pack.name in line, line
     assert "Traceback" not in "\n".join(srv.lines)
 
@@ -120,7 +109,7 @@ def test_truncated_pack_before_the_response_is_a_500(git: Git, served: LiveServe
     err = _clone(git, served, DAMAGED, tmp_path / "c", version)
     assert err and "not our ref" not in err
     assert "HTTP 500" in err, err  # git shows the status of a failed POST, not its body
-    _wait_for_line(served, '"command":"fetch","status":500')
+    served.wait_for_line('"command":"fetch","status":500')
     _assert_still_serving(git, served, tmp_path / "good")
 
 
