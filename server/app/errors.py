@@ -31,6 +31,7 @@ from gitspout.protocol.errors import ClientError, Refusal
 
 from ..store.confine import OutsideRoot
 from ..store.errors import StorageError
+from ..store.faults import FAULTS
 from ..store.repos import RepoNotFound
 from .httpreq import HttpError
 
@@ -88,6 +89,7 @@ def _storage_fault(exc: Exception, repo: str) -> Answer:
     and a few words, never a path."""
     pack = exc.pack if isinstance(exc, StorageError) else None
     what = exc.what if isinstance(exc, StorageError) else "read error"
+    FAULTS.count(exc.kind if isinstance(exc, StorageError) else "io", "failed")
     log.error("storage fault in /%s%s: %s: %s", repo, f" ({pack})" if pack else "",
               type(exc).__name__, exc)
     return Answer(500, f"upload-pack: cannot read repository /{repo}: {what}")

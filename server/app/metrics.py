@@ -28,6 +28,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..store.faults import FAULTS, KINDS
 from ..store.lru import all_cache_stats
 from .pool import WorkPool
 
@@ -196,6 +197,24 @@ class _CacheCollector:
             yield gauge
 
 
+class _FaultCollector:
+    """``gitspout_storage_faults_total{kind,outcome}`` (store/faults.py): requests failed
+    by a damaged file of each kind, and unusable files done without (once per file)."""
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "gitspout_storage_faults",
+            "Storage faults by file kind: outcome=failed counts requests answered as a "
+            "server fault (500 or in-band error); outcome=fallback counts unusable files "
+            "(once per file version) served without (walk, parsed commits, pack skipped).",
+            labels=["kind", "outcome"])
+        counts = FAULTS.snapshot()
+        for kind in KINDS:
+            for outcome in ("failed", "fallback"):
+                fam.add_metric([kind, outcome], counts.get((kind, outcome), 0))
+        yield fam
+
+
 class _OpenFilesCollector:
     """``gitspout_open_files*``: pack and commit-graph descriptors and maps held open
     across requests (store/registry.py), against ``--max-open-packs``, and why files were
@@ -284,6 +303,7 @@ class Metrics:
         r.register(self.caches)
         self.open_files = _OpenFilesCollector()
         r.register(self.open_files)
+        r.register(_FaultCollector())
         self.repo_requests = Counter("gitspout_repo_requests",
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from dulwich.objects import parse_tree
 
-from ..store.commitgraph import CommitGraph
+from ..store.commitgraph import CommitGraph, CommitGraphError
+from ..store.faults import report_unusable
 from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
@@ -100,7 +101,15 @@ class CommitSource:
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
             # The commit-graph answers from a mapped file: no need to keep a copy.
-            entry = self.graph.entry(oid)
+            try:
+                entry = self.graph.entry(oid)
+            except CommitGraphError as exc:
+                # Its checksum was right when it was opened: a git bug, or a file changed
+                # in place. This request parses commits from here on (ARCHITECTURE.md
+                # "Errors": an unusable commit-graph means parsed commits).
+                report_unusable("commit-graph", self.graph.path, self.graph.key, exc,
+                                "parsing commits instead")
+                self.graph, entry = None, None
             if entry is not None:
                 return CommitInfo(entry[0], entry[1], entry[2])
         info = self._commits.get(oid)

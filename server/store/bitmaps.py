@@ -7,11 +7,13 @@ index), so a bitmap ANDs, ORs and counts at C speed without one Python step per 
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import sys
 from array import array
 
 from .errors import StorageError
+from .faults import report_unusable
 from .lru import ByteLRU
 from .packs import PackFile
 
@@ -25,9 +27,21 @@ DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches")
 class BitmapFormatError(StorageError):
     """The .bitmap file is not one we can use; callers fall back to a walk."""
 
+    kind = "bitmap"
+    what = "corrupt bitmap"
 
-def decode_ewah(data: bytes | memoryview, pos: int) -> tuple[int, int, int]:
-    """Decode one EWAH bitmap at ``pos``: (bits as an int, bit count, position after it)."""
+
+def _max_words(nbits: int) -> int:
+    """Words an EWAH bitmap over ``nbits`` objects may decode to: git serializes the
+    words it allocated, up to twice those needed; more is garbage (a run length read from
+    a damaged file would otherwise expand to 32 GB)."""
+    return 4 * ((nbits + 63) // 64) + 64
+
+
+def decode_ewah(data: bytes | memoryview, pos: int,
+                nbits: int = 1 << 32) -> tuple[int, int, int]:
+    """Decode one EWAH bitmap at ``pos`` over at most ``nbits`` objects: (bits as an int,
+    bit count, position after it). Raises BitmapFormatError when it does not fit."""
     try:
         bit_size, word_count = struct.unpack_from(">II", data, pos)
     except struct.error:
@@ -36,6 +50,9 @@ def decode_ewah(data: bytes | memoryview, pos: int) -> tuple[int, int, int]:
     end = pos + 8 * word_count
     if end + 4 > len(data):
         raise BitmapFormatError("truncated EWAH bitmap")
+    limit = _max_words(nbits)
+    if word_count > limit or bit_size > 64 * limit:
+        raise BitmapFormatError("EWAH bitmap larger than its pack")
     words = array("Q")
     words.frombytes(bytes(data[pos:end]))
     if _LITTLE:
@@ -48,6 +65,8 @@ def decode_ewah(data: bytes | memoryview, pos: int) -> tuple[int, int, int]:
         i += 1
         run = (rlw >> 1) & 0xFFFFFFFF
         literals = rlw >> 33
+        if len(out) + run + literals > limit or i + literals > n:
+            raise BitmapFormatError("EWAH run past the end of the bitmap")
         if run:
             out.extend((ones if rlw & 1 else zero) * run)
         if literals:
@@ -82,19 +101,24 @@ class PackBitmaps:
         # No reference to ``pack`` is kept: the bitmaps outlive a pack closed to stay within
         # --max-open-packs (they are found again by the pack's key, registry.pack_data).
         self._data = data
-        if data[:4] != _MAGIC:
+        h = pack.hash_len
+        if data[:4] != _MAGIC or len(data) < 12 + 2 * h:
             raise BitmapFormatError("bad bitmap magic")
         version, _flags, count = struct.unpack_from(">HHI", data, 4)
         if version != 1:
             raise BitmapFormatError(f"bitmap version {version} is not supported")
-        h = pack.hash_len
         if data[12 : 12 + h] != pack.pack_checksum():
             raise BitmapFormatError("bitmap does not belong to this pack")
+        # The file ends with a checksum of what precedes it: it is read whole anyway, so
+        # checking it is cheap, and a damaged bitmap means a walk, not a wrong pack.
+        if (hashlib.sha1 if h == 20 else hashlib.sha256)(memoryview(data)[:-h]).digest() != data[-h:]:
+            raise BitmapFormatError("bitmap checksum does not match its contents")
+        self._nbits = pack.count
         pos = 12 + h
-        self.commits, _, pos = decode_ewah(data, pos)
-        self.trees, _, pos = decode_ewah(data, pos)
-        self.blobs, _, pos = decode_ewah(data, pos)
-        self.tags, _, pos = decode_ewah(data, pos)
+        self.commits, _, pos = decode_ewah(data, pos, pack.count)
+        self.trees, _, pos = decode_ewah(data, pos, pack.count)
+        self.blobs, _, pos = decode_ewah(data, pos, pack.count)
+        self.tags, _, pos = decode_ewah(data, pos, pack.count)
         self._entries: dict[int, tuple[int, int, int]] = {}  # pack rank -> (pos, xor, index)
         self._order: list[int] = []  # entry index -> pack rank
         # pack rank -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
@@ -128,7 +152,7 @@ class PackBitmaps:
         if hit is not None:
             return hit
         pos, xor, k = entry
-        value, _, _ = decode_ewah(self._data, pos)
+        value, _, _ = decode_ewah(self._data, pos, self._nbits)
         if xor:
             base = self.bitmap_for(self._order[k - xor])
             assert base is not None
@@ -147,7 +171,11 @@ def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
             # The file and its entry table (decoded bitmaps are a cache of their own).
             bitmaps = PackBitmaps(pack, data)
             return bitmaps, len(data) + 100 * len(bitmaps._order)
-        except (FileNotFoundError, BitmapFormatError, struct.error):
+        except FileNotFoundError:
+            return None, 0
+        except (OSError, BitmapFormatError, struct.error) as exc:
+            report_unusable("bitmap", pack.base + ".bitmap", pack.key, exc,
+                            "walking history instead")
             return None, 0
 
     result: PackBitmaps | None = pack.derived("bitmaps", compute)

@@ -7,6 +7,7 @@ commit. The file is mapped once per (path, inode) and shared by every request.
 from __future__ import annotations
 
 import errno
+import hashlib
 import mmap
 import os
 import struct
@@ -26,6 +27,9 @@ GraphEntry = tuple[bytes, tuple[bytes, ...], int, int]
 
 class CommitGraphError(StorageError):
     """The commit-graph file is not one we can use; commits are then parsed instead."""
+
+    kind = "commit-graph"
+    what = "corrupt commit-graph"
 
 
 class CommitGraph:
@@ -66,21 +70,55 @@ class CommitGraph:
             raise CommitGraphError("commit-graph hash does not match the repository")
         if m[7] != 0:
             raise CommitGraphError("split commit-graphs are not supported")
-        chunks: dict[bytes, int] = {}
-        for i in range(m[6]):
-            cid, off = struct.unpack_from(">4sQ", m, 8 + 12 * i)
-            chunks[cid] = off
+        sizes = self._chunk_sizes(hash_len)
         for need in (b"OIDF", b"OIDL", b"CDAT"):
-            if need not in chunks:
+            if need not in sizes:
                 raise CommitGraphError(f"commit-graph lacks chunk {need.decode()}")
         self.hash_len = hash_len
-        fan = chunks[b"OIDF"]
+        fan, _ = sizes[b"OIDF"]
         self._fanout = struct.unpack_from(">256I", m, fan)
-        self.count = self._fanout[255]
-        self._oidl = chunks[b"OIDL"]
-        self._cdat = chunks[b"CDAT"]
-        self._edge = chunks.get(b"EDGE")
+        self.count = n = self._fanout[255]
+        self._oidl = sizes[b"OIDL"][0]
+        self._cdat = sizes[b"CDAT"][0]
         self._width = hash_len + 16
+        edge = sizes.get(b"EDGE")
+        self._edge = edge[0] if edge is not None else None
+        self._edges_count = edge[1] // 4 if edge is not None else 0
+        # What C git checks when it loads a graph: chunk sizes that fit the commit count
+        # and a fan-out that never decreases.
+        if sizes[b"OIDF"][1] != 1024 or sizes[b"OIDL"][1] != n * hash_len or \
+                sizes[b"CDAT"][1] != n * self._width or \
+                any(a > b for a, b in zip(self._fanout, self._fanout[1:], strict=False)):
+            raise CommitGraphError("commit-graph chunks do not fit its commit count")
+        self._verify_checksum(hash_len)
+
+    def _chunk_sizes(self, hash_len: int) -> dict[bytes, tuple[int, int]]:
+        """Chunk id -> (offset, size), from the table of contents (its last entry, id 0,
+        marks where the last chunk ends); every chunk lies before the trailing checksum."""
+        m = self._map
+        count = m[6]
+        table_end = 8 + 12 * (count + 1)
+        if len(m) < table_end + hash_len:
+            raise CommitGraphError("truncated commit-graph")
+        entries = [struct.unpack_from(">4sQ", m, 8 + 12 * i) for i in range(count + 1)]
+        out: dict[bytes, tuple[int, int]] = {}
+        for (cid, off), (_, nxt) in zip(entries, entries[1:], strict=False):
+            if not table_end <= off <= nxt <= len(m) - hash_len:
+                raise CommitGraphError("commit-graph chunk offsets out of order or range")
+            out[cid] = (off, nxt - off)
+        return out
+
+    def _verify_checksum(self, hash_len: int) -> None:
+        """The file ends with a checksum of what precedes it. Checked once per file
+        version (the registry keeps the graph by inode): about 1 ms per MB, so that
+        damaged parents or trees never lead a walk astray (or outside I7)."""
+        view = memoryview(self._map)
+        try:
+            digest = (hashlib.sha1 if hash_len == 20 else hashlib.sha256)(view[:-hash_len]).digest()
+        finally:
+            view.release()
+        if digest != self._map[len(self._map) - hash_len:]:
+            raise CommitGraphError("commit-graph checksum does not match its contents")
 
     def find(self, oid: bytes) -> int:
         first = oid[0]
@@ -114,10 +152,14 @@ class CommitGraph:
         p1, p2, high, low = struct.unpack_from(">IIII", m, at + h)
         parents: list[bytes] = []
         if p1 != _NO_PARENT:
+            if p1 >= self.count:
+                raise CommitGraphError(f"commit-graph parent position {p1} out of range")
             parents.append(self._oid(p1))
         if p2 & _EXTRA_EDGES and p2 != _NO_PARENT:
             parents.extend(self._edges(p2 & 0x7FFFFFFF))
         elif p2 != _NO_PARENT:
+            if p2 >= self.count:
+                raise CommitGraphError(f"commit-graph parent position {p2} out of range")
             parents.append(self._oid(p2))
         time = ((high & 0x3) << 32) | low
         return tree, tuple(parents), time, high >> 2
@@ -128,7 +170,11 @@ class CommitGraph:
         out = []
         i = start
         while True:
+            if i >= self._edges_count:
+                raise CommitGraphError("commit-graph EDGE list runs past its chunk")
             (value,) = struct.unpack_from(">I", self._map, self._edge + 4 * i)
+            if value & 0x7FFFFFFF >= self.count:
+                raise CommitGraphError("commit-graph parent position out of range")
             out.append(self._oid(value & 0x7FFFFFFF))
             if value & _LAST_EDGE:
                 return out

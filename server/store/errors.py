@@ -15,6 +15,10 @@ The subclasses keep the names their modules have always used:
   an entry whose zlib data is garbage).
 - ``store.bitmaps.BitmapFormatError``, ``store.commitgraph.CommitGraphError``: auxiliary
   files; their readers fall back (a walk, parsed commits) instead of failing the request.
+- a ``StorageError`` of kind ``packed-refs`` (store/refs.py): a line of packed-refs that is
+  not one git writes.
+
+``kind`` names the file at fault (``store/faults.py`` KINDS), for the metric.
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ class StorageError(Exception):
 
     pack: str | None = None
     what = "storage fault"
+    kind = "object"  # the file kind counted in gitspout_storage_faults_total (store/faults.py)
 
-    def __init__(self, message: str = "", *, pack: str | None = None) -> None:
+    def __init__(self, message: str = "", *, pack: str | None = None, kind: str | None = None,
+                 what: str | None = None) -> None:
         super().__init__(message)
         if pack is not None:
             self.pack = pack
+        if kind is not None:
+            self.kind = kind
+        if what is not None:
+            self.what = what

@@ -20,6 +20,7 @@ from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph
 from .errors import StorageError
+from .faults import report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
@@ -32,6 +33,9 @@ _MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
 _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
+
+
+_SKIPPED = "skipped: requests needing an object it may hold fail"
 
 
 class ObjectStoreError(StorageError):
@@ -133,10 +137,13 @@ class ObjectSnapshot:
                 continue  # removed between listing and opening: a repack is under way
             except PackFormatError as exc:
                 broken.append(exc)  # skipped, but a needed object missing then names it
+                report_unusable(exc.kind, os.path.join(pack_dir, stem), key, exc, _SKIPPED)
             except (ValueError, OSError) as exc:  # an empty or unreadable file
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 broken.append(PackFormatError(f"{stem}.pack: cannot open: {why}",
                                               pack=stem + ".pack"))
+                report_unusable("io" if isinstance(exc, OSError) else "pack",
+                                os.path.join(pack_dir, stem), key, exc, _SKIPPED)
         self.broken = broken
         self.registry.forget_missing(live, pack_dir)
         # Largest packs first: most lookups hit the main pack.

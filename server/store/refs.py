@@ -18,6 +18,7 @@ from itertools import chain
 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
+from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .lru import ByteLRU
@@ -211,25 +212,31 @@ def _parse_entries(data: bytes, lo: int, hi: int, hex_len: int, fully: bool,
     peeled_of: dict[int, bytes] = {}
     pos = lo
     last = -1  # index of the entry a ``^`` line may follow
-    for line in data[lo:hi].split(b"\n"):
+    lines = data[lo:hi].split(b"\n")
+    if lines[-1]:
+        _bad_line(lines[-1], hi - len(lines[-1]), "unterminated line")  # truncated?
+    lines.pop()
+    for line in lines:
         here = pos
         pos += len(line) + 1
-        if not line or line.startswith(b"#"):
-            last = -1
-            continue
         if line.startswith(b"^"):
-            if last >= 0 and len(line) == hex_len + 1:
-                peeled_of[last] = line[1:]
+            if last < 0 or len(line) != hex_len + 1:
+                _bad_line(line, here)
+            peeled_of[last] = line[1:]
             last = -1
             continue
         oid, _, name = line.partition(b" ")
         if len(oid) != hex_len or not name:
-            last = -1
-            continue
+            _bad_line(line, here)  # C git: "fatal: unexpected line in packed-refs"
         names.append(name)
         refs.append(Ref(name, oid))
         offsets.append(here)
         last = len(names) - 1
+    # Every id in hex, checked at once (one C call over the ids, not one per line).
+    if (b"".join(r.oid for r in refs) + b"".join(peeled_of.values())).translate(None, _HEX):
+        bad = next((r.oid for r in refs if r.oid.translate(None, _HEX)), None) or \
+            next(p for p in peeled_of.values() if p.translate(None, _HEX))
+        _bad_line(bad, data.find(bad, lo, hi), "bad object id")
     for i, ref in enumerate(refs):
         peeled = peeled_of.get(i)
         if peeled is None and not fully:
@@ -237,6 +244,16 @@ def _parse_entries(data: bytes, lo: int, hi: int, hex_len: int, fully: bool,
         if peeled is not None:
             refs[i] = Ref(ref.name, ref.oid, peeled)
     return names, refs, offsets
+
+
+_HEX = b"0123456789abcdef"
+
+
+def _bad_line(line: bytes, offset: int, why: str = "unexpected line") -> None:
+    """packed-refs holds a line git does not write: a storage fault (500), not refs
+    dropped or served as they are (store/errors.py)."""
+    raise StorageError(f"packed-refs: {why} at byte {offset}: {line[:100]!r}",
+                       kind="packed-refs", what="corrupt packed-refs")
 
 
 def _segments(names: list[bytes], refs: list[Ref], offsets: list[int],

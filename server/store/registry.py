@@ -27,9 +27,10 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
+from .faults import report_unusable
 from .fsops import FsOps
 from .lru import ByteLRU
-from .packs import PackFile
+from .packs import PackFile, PackFormatError
 
 __all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN"]
 
@@ -60,6 +61,16 @@ class Leased(Protocol):
     def files(self) -> tuple[tuple[str, object], ...]: ...
 
 
+def _stamp(base: str) -> tuple[tuple[int, int], ...]:
+    """Sizes and mtimes of a pack's two files: a damaged pack rewritten in place (same
+    inode, as ``cp`` over it does) is looked at again."""
+    out = []
+    for suffix in (".idx", ".pack"):
+        st = os.stat(base + suffix)
+        out.append((st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 class PackRegistry:
     """Every open :class:`PackFile` (key: pack directory, stem, idx inode, pack inode) and
     :class:`CommitGraph` (key: info directory, name, inode), least recently used first."""
@@ -70,6 +81,8 @@ class PackRegistry:
         self._lock = threading.Lock()
         self._pending: deque[list[Leased]] = deque()  # leases given back by finalizers
         self._bad_graphs: dict[tuple[object, ...], bool] = {}
+        # packs found damaged when opened: (sizes and mtimes of .idx and .pack, the error)
+        self._bad_packs: dict[tuple[object, ...], tuple[object, PackFormatError]] = {}
         self.max_open = max_open
         self.handles = 0  # descriptors and maps open now (leased, idle or retired)
         self.opened = 0
@@ -102,8 +115,25 @@ class PackRegistry:
 
     def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...],
                   verify: bool) -> PackFile:
-        pack = PackFile(base, hash_len, key, verify)
-        pack.data_cache = self.pack_data
+        bad = self._bad_packs.get(key)
+        if bad is not None:
+            if _stamp(base) == bad[0]:
+                raise PackFormatError(str(bad[1]), pack=bad[1].pack, kind=bad[1].kind)
+            self._bad_packs.pop(key, None)  # rewritten in place: look again
+        try:
+            pack = PackFile(base, hash_len, key, verify)
+            pack.data_cache = self.pack_data
+            try:
+                pack.verify_index()
+            except BaseException:
+                pack.close()
+                raise
+        except PackFormatError as exc:
+            # Not read again (an index is hashed whole) while its files stay as they were.
+            if len(self._bad_packs) >= 10_000:
+                self._bad_packs.clear()
+            self._bad_packs[key] = (_stamp(base), exc)
+            raise
         return pack
 
     def _pack_data_evicted(self, key: object, _value: object) -> None:
@@ -127,10 +157,12 @@ class PackRegistry:
                 key, lambda: open_commit_graph(objects_dir, hash_len, inode, verify), fs, 1)
         except FileNotFoundError:
             return None
-        except (OSError, CommitGraphError):
+        except (OSError, CommitGraphError) as exc:
             if len(self._bad_graphs) >= 10_000:
                 self._bad_graphs.clear()
             self._bad_graphs[key] = True
+            report_unusable("commit-graph", os.path.join(info, "commit-graph"), inode, exc,
+                            "parsing commits instead")
             return None
         assert isinstance(graph, CommitGraph)
         return graph
