@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from gitspout.protocol.refs import Ref
 from gitspout.server.store import refs as R
+from gitspout.server.store.errors import StorageError
 
 HEX = 40
 
@@ -79,10 +81,15 @@ def test_header_change_and_unsorted_file_parse_fully() -> None:
     peels: list[bytes] = []
     diffed = R._reparse_packed_refs(old, new, HEX, lambda o: peels.append(o) or None)
     assert not diffed.fully_peeled and _refs(diffed) == _refs(old)
-    unsorted = b"".join(reversed(_file(entries, b"").splitlines(keepends=True)))
-    # reversed: each ^ line now precedes its tag; none of them peels anything
+    unpeeled = {name: (oid, None) for name, (oid, _) in entries.items()}
+    unsorted = b"".join(reversed(_file(unpeeled, b"").splitlines(keepends=True)))
     p = R._parse_packed_refs(unsorted, HEX, _no_peel)
     assert not p.diffable and [r.name for r in _refs(p)] == sorted(entries)
+    # reversed with its ^ lines, each now before its tag: C git dies on such a file
+    # ("unexpected line in packed-refs"), and so is it a storage fault here
+    with pytest.raises(StorageError, match="unexpected line"):
+        R._parse_packed_refs(b"".join(reversed(_file(entries, b"").splitlines(keepends=True))),
+                             HEX, _no_peel)
 
 
 def test_loose_refs_merge_into_their_segment_only() -> None:

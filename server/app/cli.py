@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import getpass
 import logging
 import resource
 import signal
@@ -15,6 +16,7 @@ from dataclasses import replace
 import uvloop
 from aiohttp import web
 
+from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
 from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
@@ -44,7 +46,8 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM."""
     install_log_filter()
     state = ServerState.create(cfg)
-    runner = web.AppRunner(make_app(state), access_log=None, **RUNNER_KWARGS)
+    runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics), access_log=None,
+                           **RUNNER_KWARGS)
     await runner.setup()
     limits = ConnectionLimits.from_config(cfg)
     guard = ConnectionGuard(limits, state.metrics.connections)
@@ -106,13 +109,31 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="serve git-upload-pack over smart HTTP")
     add_config_arguments(serve_p)
+    sub.add_parser("hash-password", help="read a password (or token) on stdin, print its "
+                   "bcrypt hash for the auth file (README \"Access control\")")
     return parser
+
+
+def _hash_password() -> int:
+    try:
+        password = input() if not sys.stdin.isatty() else getpass.getpass("password: ")
+    except EOFError:
+        password = ""
+    if not password:
+        print("gitspout: no password given", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "hash-password":
+        return _hash_password()
     try:
         cfg = load_config(vars(args))
+        if cfg.auth_file:
+            load_access(cfg.auth_file)  # a bad auth file stops the start, with its reason
     except ConfigError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,16 @@ class Config:
     metrics_port: int = field(
         default=0, metadata={"help": "serve /metrics on this port too (0: the serving port)"}
     )
+    public_metrics: bool = field(
+        default=True,
+        metadata={"help": "also serve /metrics on the serving port (--no-public-metrics "
+                          "with --metrics-port: only there)"},
+    )
+    auth_file: str | None = field(
+        default=None,
+        metadata={"help": "TOML file of users (bcrypt hashes) and the repository globs each "
+                          "may read (README \"Access control\"); unset: anonymous read"},
+    )
     metrics_repos: str = field(
         default="", metadata={"help": "comma-separated repositories that get a repo label"}
     )

@@ -10,6 +10,8 @@ operator needs: one line for known faults, a traceback only for bugs.
 raised                                 before the 200               after the 200
 =====================================  ===========================  =========================
 ``HttpError`` (app/httpreq.py)         its status (4xx)             its text, in-band
+``AuthDenied`` (app/auth.py)           401 (+ WWW-Authenticate),    (never: decided first)
+                                       403
 ``Refusal`` (protocol/errors.py)       200 + ``ERR``                ``ERR`` / band 3
 ``ClientError`` (protocol/errors.py)   its status, at least 400     its text, in-band
 ``RepoNotFound``, ``OutsideRoot``      404                          "repository not available"
@@ -33,6 +35,7 @@ from ..store.confine import OutsideRoot
 from ..store.errors import StorageError
 from ..store.faults import FAULTS
 from ..store.repos import RepoNotFound
+from .auth import AuthDenied
 from .httpreq import HttpError
 
 __all__ = ["Answer", "answer_for", "INTERNAL_ERROR"]
@@ -61,7 +64,7 @@ def answer_for(exc: BaseException, repo: str, started: bool = False) -> Answer |
     """
     if isinstance(exc, ConnectionError) or not isinstance(exc, Exception):
         return None
-    if isinstance(exc, HttpError):
+    if isinstance(exc, (HttpError, AuthDenied)):
         return Answer(exc.status, exc.text)
     if isinstance(exc, Refusal):
         return Answer(200, exc.message)

@@ -35,6 +35,7 @@ from ..store.fscache import DirCache
 from ..store.lru import MEMORY
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
+from .auth import Access, AuthDenied, load_access, repo_name
 from .config import Config
 from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
@@ -86,6 +87,7 @@ class ServerState:
     inflating: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
+    access: Access | None = None  # --auth-file (auth.py); None: anonymous read
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -102,6 +104,8 @@ class ServerState:
             BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
         state.metrics.open_files.source = state.registry
+        if cfg.auth_file:
+            state.access = load_access(cfg.auth_file)
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
         return state
@@ -478,8 +482,10 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
             rec.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
         if action == "info/refs" and request.method in ("GET", "HEAD"):
+            await _authorize(state, request, repo_path)
             return await handle_info_refs(state, request, repo_path, rec)
         if action == UPLOAD_PACK and request.method == "POST":
+            await _authorize(state, request, repo_path)
             return await handle_upload_pack(state, request, repo_path, rec)
         if action:
             allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
@@ -501,9 +507,28 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         if answer.status == 200:
             return await _refuse_in_protocol(request, answer.text, rec)
         resp = text_response(answer.status, answer.text)
+        if isinstance(exc, AuthDenied) and exc.status == 401 and state.access is not None:
+            resp.headers["WWW-Authenticate"] = state.access.challenge  # git asks its helper
         if isinstance(exc, BodyTimeout):
             _close_at_once(state, request, resp)
         return resp
+
+
+async def _authorize(state: ServerState, request: web.Request, repo_path: str) -> None:
+    """With --auth-file, before anything is read: the credentials (bcrypt, in the pool),
+    then the rule of the repository's real path (auth.py). Raises AuthDenied."""
+    access = state.access
+    if access is None:
+        return
+    header = request.headers.get("Authorization")
+    user = await state.run(access.user_for, header) if header else None
+    try:
+        repo = await _resolve(state, repo_path)
+    except RepoNotFound:
+        if user is None and not access.anonymous(repo_path.strip("/")):
+            raise AuthDenied(401, "authentication required") from None
+        raise
+    access.decide(repo_name(repo.gitdir, state.resolver.root), user)
 
 
 def _close_at_once(state: ServerState, request: web.Request, resp: web.Response) -> None:

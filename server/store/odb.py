@@ -319,7 +319,7 @@ class ObjectSnapshot:
             if snap.broken:
                 exc = snap.broken[0]
                 raise PackFormatError(f"{exc}; needed object {oid.hex()} is in no other pack",
-                                      pack=exc.pack)
+                                      pack=exc.pack, kind=exc.kind)
 
     def contains(self, oid: bytes) -> bool:
         """Expected-miss lookup (a client's have): never rescans."""

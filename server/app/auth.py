@@ -1,0 +1,215 @@
+"""Optional access control: HTTP Basic credentials checked against bcrypt hashes, and
+repository globs mapped to the users allowed to read them (README "Access control").
+
+Without ``--auth-file`` every repository is served anonymously, as before. With it:
+
+- a repository is matched by its real path under the root (symlinks resolved; ``x.git``
+  and ``x`` and a link to it are one repository, so no spelling of a URL escapes a rule),
+  against the ``[[access]]`` rules in order; the first whose ``repos`` globs match decides;
+  no rule matching means nobody may read it;
+- a rule with ``anonymous = true`` serves everyone; else it names ``users`` (``"*"``: any
+  user with valid credentials);
+- no (or wrong) credentials where some are needed: ``401`` with ``WWW-Authenticate: Basic``,
+  which makes git ask its credential helper; valid credentials of a user not allowed:
+  ``403``. A repository that does not exist is answered ``401`` too when the request has
+  no valid credentials, so that anonymous requests learn nothing about what exists.
+
+Passwords (or tokens: git sends either as the Basic password) are stored as bcrypt hashes
+(``gitspout hash-password``). bcrypt is slow on purpose (about 0.2 s at cost 12), so a
+verified pair is remembered for ``CREDENTIAL_TTL`` seconds in a bounded cache keyed by an
+HMAC of the pair under a key drawn at start (no password is kept, even hashed with a known
+key); wrong pairs are remembered too, so that repeating one costs no bcrypt. The cache
+lookups are counted as ``gitspout_cache_lookups_total{cache="credentials"}``. Nothing here
+logs a password, a hash or an Authorization header.
+
+The auth file (TOML)::
+
+    realm = "gitspout"                  # optional
+    [users]
+    alice = "$2b$12$..."                # gitspout hash-password
+    ci = "$2b$12$..."
+    [[access]]
+    repos = ["public/*"]
+    anonymous = true
+    [[access]]
+    repos = ["team/*", "tools.git"]
+    users = ["alice", "ci"]
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import hmac
+import os
+import secrets
+import time
+import tomllib
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import Any
+
+from ..store.lru import ByteLRU
+from .config import ConfigError
+
+__all__ = ["Access", "AuthDenied", "load_access", "hash_password", "CREDENTIAL_TTL"]
+
+CREDENTIAL_TTL = 60.0  # seconds a checked user and password pair is remembered
+CREDENTIAL_ENTRIES = 4096
+
+
+class AuthDenied(Exception):
+    """401 (``challenge``: credentials needed or wrong) or 403 (a user not allowed)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Rule:
+    repos: tuple[str, ...]
+    users: frozenset[str]
+    anonymous: bool
+
+    def matches(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, glob) for glob in self.repos)
+
+    def allows(self, user: str | None) -> bool:
+        if self.anonymous:
+            return True
+        return user is not None and (user in self.users or "*" in self.users)
+
+
+class Access:
+    """The rules and users of one auth file, and the cache of checked credentials."""
+
+    def __init__(self, realm: str, users: dict[str, bytes], rules: list[Rule]) -> None:
+        self.realm = realm
+        self._users = users
+        self.rules = rules
+        self._key = secrets.token_bytes(32)
+        self._checked = ByteLRU[tuple[str | None, float]](
+            "credentials", CREDENTIAL_ENTRIES, unit="entries", entry_bytes=200)
+        # The hash an unknown user is checked against: as slow as the users' own, so that
+        # the time taken does not tell which user names exist.
+        self._dummy = max(users.values(), default=b"")
+
+    @property
+    def challenge(self) -> str:
+        return f'Basic realm="{self.realm}", charset="UTF-8"'
+
+    def rule_for(self, name: str) -> Rule | None:
+        return next((r for r in self.rules if r.matches(name)), None)
+
+    def anonymous(self, name: str) -> bool:
+        rule = self.rule_for(name)
+        return rule is not None and rule.anonymous
+
+    def user_for(self, authorization: str | None) -> str | None:
+        """The user the ``Authorization`` header proves, None without one; raises a 401
+        AuthDenied for credentials that are malformed or wrong. Blocking (bcrypt): run it
+        in the pool."""
+        if not authorization:
+            return None
+        scheme, _, blob = authorization.partition(" ")
+        if scheme.lower() != "basic":
+            raise AuthDenied(401, "authentication required (Basic)")
+        try:
+            raw = base64.b64decode(blob.strip(), validate=True)
+            user, sep, password = raw.decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            raise AuthDenied(401, "malformed credentials") from None
+        if not sep or not user:
+            raise AuthDenied(401, "malformed credentials")
+        if not self._verify(user, password):
+            raise AuthDenied(401, "wrong user name or password")
+        return user
+
+    def _verify(self, user: str, password: str) -> bool:
+        name = user.encode()
+        key = hmac.new(self._key, len(name).to_bytes(4, "big") + name + password.encode(),
+                       sha256).digest()
+        now = time.monotonic()
+        hit = self._checked.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0] == user
+        import bcrypt  # the auth extra: only needed once an auth file is in use
+
+        stored = self._users.get(user)
+        try:
+            # bcrypt compares in constant time; an unknown user is checked all the same
+            ok = bcrypt.checkpw(password.encode(), stored or self._dummy) and stored is not None
+        except ValueError:  # no users at all, or a hash bcrypt cannot read
+            ok = False
+        self._checked.put(key, (user if ok else None, now + CREDENTIAL_TTL))
+        return ok
+
+    def decide(self, name: str | None, user: str | None) -> None:
+        """Raise AuthDenied unless ``user`` (None: anonymous) may read repository ``name``
+        (its real path under the root; None: there is no such repository)."""
+        rule = self.rule_for(name) if name is not None else None
+        if rule is not None and rule.allows(user):
+            return
+        if user is None:
+            raise AuthDenied(401, "authentication required")
+        if name is not None:
+            raise AuthDenied(403, f"user {user} may not read this repository")
+
+
+def load_access(path: str) -> Access:
+    """Read an auth file; ConfigError for anything unusable."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read auth file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"auth file {path}: {exc}") from None
+    realm = str(data.get("realm", "gitspout"))
+    if '"' in realm or "\\" in realm:
+        raise ConfigError(f"auth file {path}: realm must not contain quotes or backslashes")
+    users: dict[str, bytes] = {}
+    for name, hashed in dict(data.get("users", {})).items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")) \
+                or len(hashed) != 60:
+            raise ConfigError(f"auth file {path}: user {name!r} needs a bcrypt hash "
+                              "(gitspout hash-password)")
+        users[str(name)] = hashed.encode()
+    rules = [_rule(path, i, entry) for i, entry in enumerate(data.get("access", []))]
+    for rule in rules:
+        unknown = rule.users - set(users) - {"*"}
+        if unknown:
+            raise ConfigError(f"auth file {path}: unknown users {sorted(unknown)}")
+    if users:
+        import bcrypt  # fail at start, not at the first request, when the extra is missing
+
+        del bcrypt
+    return Access(realm, users, rules)
+
+
+def _rule(path: str, i: int, entry: Any) -> Rule:
+    if not isinstance(entry, dict) or not isinstance(entry.get("repos"), list) or \
+            not entry["repos"] or not all(isinstance(g, str) for g in entry["repos"]):
+        raise ConfigError(f"auth file {path}: access rule {i + 1} needs repos = [globs]")
+    users = entry.get("users", [])
+    if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
+        raise ConfigError(f"auth file {path}: access rule {i + 1}: users = [names]")
+    repos = tuple(g.strip("/") for g in entry["repos"])
+    return Rule(repos, frozenset(users), bool(entry.get("anonymous", False)))
+
+
+def repo_name(gitdir: str, root: str) -> str:
+    """What rules match: the repository's real path under the root, without a trailing
+    ``/.git`` (a repository with a work tree is named by its work tree)."""
+    rel = os.path.relpath(gitdir, root).replace(os.sep, "/")
+    return rel[: -len("/.git")] if rel.endswith("/.git") else rel
+
+
+def hash_password(password: str, rounds: int = 12) -> str:
+    """A bcrypt hash for the auth file."""
+    import bcrypt
+
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds)).decode()
