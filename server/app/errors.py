@@ -93,6 +93,7 @@ def _storage_fault(exc: Exception, repo: str) -> Answer:
     pack = exc.pack if isinstance(exc, StorageError) else None
     what = exc.what if isinstance(exc, StorageError) else "read error"
     FAULTS.count(exc.kind if isinstance(exc, StorageError) else "io", "failed")
-    log.error("storage fault in /%s%s: %s: %s", repo, f" ({pack})" if pack else "",
+    where = exc.path if isinstance(exc, StorageError) and exc.path else pack
+    log.error("storage fault in /%s%s: %s: %s", repo, f" ({where})" if where else "",
               type(exc).__name__, exc)
     return Answer(500, f"upload-pack: cannot read repository /{repo}: {what}")

@@ -7,10 +7,12 @@ live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gitspout.protocol.errors import ClientError
 from gitspout.protocol.refs import HeadInfo, Ref
@@ -27,6 +29,16 @@ from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
 
 __all__ = ["RequestContext"]
+
+
+def _read_refs(gitdir: str, *args: Any) -> RefSnapshot:
+    """read_ref_snapshot; a damaged packed-refs is logged with its path (app/errors.py)."""
+    try:
+        return read_ref_snapshot(gitdir, *args)
+    except StorageError as exc:
+        if exc.kind == "packed-refs" and exc.path is None:
+            exc.path = os.path.join(gitdir, "packed-refs")
+        raise
 
 
 @dataclass
@@ -109,8 +121,8 @@ class RequestContext:
     @property
     def refs(self) -> RefSnapshot:
         if self._refs is None:
-            self._refs = read_ref_snapshot(self.repo.gitdir, self.fs, self.dirs,
-                                           self.repo.ref_cache, self.hash_len * 2, self._peel)
+            self._refs = _read_refs(self.repo.gitdir, self.fs, self.dirs,
+                                    self.repo.ref_cache, self.hash_len * 2, self._peel)
         return self._refs
 
     def _peel(self, oid_hex: bytes) -> bytes | None:
@@ -141,7 +153,7 @@ class RequestContext:
         key = tuple(prefixes)
         snap = self._prefixed.get(key)
         if snap is None:
-            snap = self._prefixed[key] = read_ref_snapshot(
+            snap = self._prefixed[key] = _read_refs(
                 self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache, self.hash_len * 2,
                 self._peel, prefixes)
         return snap

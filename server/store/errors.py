@@ -34,6 +34,7 @@ class StorageError(Exception):
     """
 
     pack: str | None = None
+    path: str | None = None  # the damaged file, when known (logged, never told the client)
     what = "storage fault"
     kind = "object"  # the file kind counted in gitspout_storage_faults_total (store/faults.py)
 

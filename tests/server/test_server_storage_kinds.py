@@ -136,7 +136,8 @@ def test_damaged_packed_refs_is_a_500(git: Git, served: LiveServer, tmp_path: Pa
     assert resp.status == 500, resp
     assert resp.body.decode().strip() == \
         f"upload-pack: cannot read repository /{REPO}: corrupt packed-refs"
-    _assert_server_fault(git, served, tmp_path, "packed-refs", f"storage fault in /{REPO}")
+    _assert_server_fault(git, served, tmp_path, "packed-refs",
+                         f"storage fault in /{REPO} ({packed})")
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "commit-graph"])
