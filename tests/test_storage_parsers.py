@@ -8,12 +8,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gitspout.server.store import refs as R
 from gitspout.server.store.bitmaps import BitmapFormatError, decode_ewah
 from gitspout.server.store.errors import StorageError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 OID = "a" * 40
 
