@@ -172,3 +172,23 @@ def test_damaged_auxiliary_file_falls_back(git: Git, served: LiveServer, tmp_pat
 def _mirror(git: Git, src: Path, dest: Path) -> Path:
     git.run("clone", "-q", "--mirror", f"file://{src}", str(dest))
     return dest
+
+
+def test_damaged_rev_file_falls_back(git: Git, served: LiveServer, tmp_path: Path,
+                                     fixture_root: Path) -> None:
+    """A ``.rev`` (pack order of the index positions) with a wrong byte: the offsets are
+    sorted instead; a wrong order would cut entries at the wrong places."""
+    repo = tmp_path / "root" / "rev.git"
+    copy_repo(fixture_root / "plain.git", repo)
+    git.run("-c", "pack.writeReverseIndex=true", "repack", "-adq", cwd=repo)
+    rev = _only(repo, "objects/pack/pack-*.rev")
+    _rewrite(rev, _flip(12 + 4))  # the second position
+    want = repo_state(git, _mirror(git, repo, tmp_path / "file"))
+    for i in range(2):
+        dest = tmp_path / f"c{i}"
+        assert _clone(git, served, "rev.git", dest) == ""
+        fsck(git, dest)
+        assert repo_state(git, dest) == want
+    assert len([x for x in served.lines if x.startswith("unusable rev")]) == 1
+    served.wait_for_line(f"unusable rev {rev}")
+    assert _faults(served)[("rev", "fallback")] == 1
