@@ -21,8 +21,10 @@ request either gets its answer, or a ``ClientError`` (a ``Refusal`` included); a
 is a finding.
 
     pip install -e '.[fuzz]'
+    mkdir -p /tmp/corpus            # an empty directory gets the seeds; the corpus grows there
     python tests/fuzz/fuzz_request.py -max_total_time=600 -rss_limit_mb=3072 \\
-        tests/fuzz/corpus          # a directory: the corpus grows there (untracked)
+        -dict=tests/fuzz/request.dict /tmp/corpus
+    python tests/fuzz/fuzz_request.py --coverage /tmp/corpus   # line coverage it reached
 """
 
 from __future__ import annotations
@@ -169,7 +171,66 @@ def seeds() -> list[bytes]:
     return out
 
 
+def _code_lines(path: str) -> set[int]:
+    """Line numbers of ``path`` inside functions (module and class bodies ran at import,
+    before the replay was traced), from its compiled code objects."""
+    import inspect
+
+    with open(path, "rb") as fh:
+        stack = [compile(fh.read(), path, "exec")]
+    lines: set[int] = set()
+    while stack:
+        code = stack.pop()
+        if code.co_flags & inspect.CO_OPTIMIZED:
+            lines.update(line for _, _, line in code.co_lines() if line is not None)
+            lines.discard(code.co_firstlineno)  # the def line (and decorators) ran at import
+        stack.extend(c for c in code.co_consts if isinstance(c, type(code)))
+    return lines
+
+
+def report_coverage(dirs: list[str]) -> None:
+    """Replay a corpus and print the line coverage of each module of gitspout it reached
+    (``--coverage DIR...``; stdlib tracing, no coverage.py needed)."""
+    import threading
+
+    top = os.path.dirname(os.path.dirname(os.path.dirname(H.__file__)))  # .../gitspout
+    hit: dict[str, set[int]] = {}
+
+    def tracer(frame, event, _arg):  # type: ignore[no-untyped-def]
+        path = frame.f_code.co_filename
+        if not path.startswith(top):
+            return None
+        lines = hit.setdefault(path, set())
+
+        def local(frame, event, _arg):  # type: ignore[no-untyped-def]
+            if event == "line":
+                lines.add(frame.f_lineno)
+            return local
+        return local
+
+    threading.settrace(tracer)
+    sys.settrace(tracer)
+    n = 0
+    for d in dirs:
+        for name in sorted(os.listdir(d)):
+            with open(os.path.join(d, name), "rb") as fh:
+                one_input(fh.read())
+            n += 1
+    sys.settrace(None)
+    total_hit = total = 0
+    print(f"{n} inputs replayed")
+    for path in sorted(hit):
+        code = _code_lines(path)
+        got = len(hit[path] & code)
+        total_hit, total = total_hit + got, total + len(code)
+        print(f"{os.path.relpath(path, top):45s} {got:5d}/{len(code):5d} {100 * got / len(code):5.1f}%")
+    print(f"{'modules reached, together':45s} {total_hit:5d}/{total:5d} {100 * total_hit / total:5.1f}%")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--coverage"]:
+        report_coverage(sys.argv[2:])
+        return
     dirs = [a for a in sys.argv[1:] if not a.startswith("-")]
     if dirs and os.path.isdir(dirs[0]) and not os.listdir(dirs[0]):
         for i, seed in enumerate(seeds()):
