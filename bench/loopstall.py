@@ -13,6 +13,9 @@ repository, sent again and again, in three settings:
   ``--repeat K`` sends each have K times, as the issue's attack did (600k haves gave
   29 MB of ACK lines); a server that ACKs each distinct have once answers those with
   the same 100k lines.
+* ``large-ls-refs``: 2 clients, each moving a ref of ``manyrefs.git`` (``--refs`` packed
+  refs, default 1,000,000, packed-refs written directly) and then asking for all of its
+  refs with ``ls-refs``: the cost of an advertisement after a change, and its writes.
 
 and prints p50/p99/max per setting. ``--tree`` chooses the gitspout source tree to run
 (default: this checkout), so an older version can be measured the same way::
@@ -78,6 +81,30 @@ def _chain(commits: int) -> bytes:
             out.append(b"from :%d\n" % (i - 1))
         out.append(b"\n")
     return b"".join(out)
+
+
+def build_many_refs(root: Path, refs: int) -> str:
+    """``root/manyrefs.git``: tiny.git's history with ``refs`` packed branches (written
+    directly into packed-refs, sorted, in a few seconds); returns its name."""
+    name = f"manyrefs-{refs}.git"
+    repo = root / name
+    if not repo.exists():
+        print(f"building {repo} ({refs} refs)...", flush=True)
+        tmp = root / (name + ".tmp")
+        subprocess.run(["rm", "-rf", str(tmp)], check=True)
+        subprocess.run(["cp", "-a", str(root / "tiny.git"), str(tmp)], check=True)
+        subprocess.run(["git", "--git-dir", str(tmp), "pack-refs", "--all"], check=True)
+        ids = subprocess.run(["git", "--git-dir", str(tmp), "rev-list", "main"], check=True,
+                             capture_output=True, text=True).stdout.split()
+        packed = tmp / "packed-refs"
+        lines = packed.read_text().splitlines(keepends=True)
+        entries = {ln.split(" ", 1)[1]: ln for ln in lines[1:] if not ln.startswith("^")}
+        for i in range(refs):
+            ref = f"refs/heads/many/b{i:07d}\n"
+            entries[ref] = f"{ids[i % len(ids)]} {ref}"
+        packed.write_text(lines[0] + "".join(entries[k] for k in sorted(entries)))
+        tmp.rename(repo)
+    return name
 
 
 def build_fixtures(work: Path, haves: int) -> tuple[Path, list[str]]:
@@ -208,11 +235,27 @@ def measure(port: int, setting: str, load: Callable[[], None] | None, clients: i
                    done.value)
 
 
-SETTINGS = ("idle", "gzip-bombs", "large-acks")
+SETTINGS = ("idle", "gzip-bombs", "large-acks", "large-ls-refs")
+LS_REFS_ALL = (pkt("command=ls-refs\n") + pkt("object-format=sha1\n") + b"0001"
+               + pkt("peel\n") + pkt("symrefs\n") + b"0000")
+
+
+_BUMPS = [0]  # per load process: its ref alternates between two commits
+
+
+def large_ls_refs(port: int, root: Path, name: str, refs: int) -> None:
+    """A ref of ``name`` moves (as a push does), then all of its refs are asked for."""
+    _BUMPS[0] += 1
+    subprocess.run(["git", "--git-dir", str(root / name), "update-ref",
+                    f"refs/heads/bump-{os.getpid()}", f"main~{_BUMPS[0] % 2}"], check=True)
+    status, size = post(port, name, LS_REFS_ALL, {"Git-Protocol": "version=2"})
+    if status != 200 or size < 40 * refs:
+        raise RuntimeError(f"large ls-refs answered {status} with {size} bytes")
 
 
 def run_tree(tree: Path, root: Path, ids: list[str], seconds: float, gap: float,
-             work: Path, settings: tuple[str, ...] = SETTINGS, repeat: int = 1) -> list[Figures]:
+             work: Path, settings: tuple[str, ...] = SETTINGS, repeat: int = 1,
+             refs: int = 1_000_000) -> list[Figures]:
     port = free_port()
     log = work / f"server-{port}.log"
     prefix, extra = gitspout_command(tree, work / f"import-{port}")
@@ -233,11 +276,16 @@ def run_tree(tree: Path, root: Path, ids: list[str], seconds: float, gap: float,
 
         for _ in range(3):
             tiny(port)
-        ack_round()  # warm: the commits are parsed and cached once
+        if "large-acks" in settings:
+            ack_round()  # warm: the commits are parsed and cached once
+        many = build_many_refs(root, refs) if "large-ls-refs" in settings else ""
+        if many:
+            large_ls_refs(port, root, many, refs)  # warm: packed-refs parsed once
         loads: dict[str, tuple[Callable[[], None] | None, int]] = {
             "idle": (None, 0),
             "gzip-bombs": (lambda: bomb(port), 4),
             "large-acks": (ack_round, 2),
+            "large-ls-refs": (lambda: large_ls_refs(port, root, many, refs), 2),
         }
         return [measure(port, name, *loads[name], seconds, gap) for name in settings]
     finally:
@@ -263,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measuring time per setting")
     parser.add_argument("--gap", type=float, default=0.01,
                         help="pause between two ls-refs (seconds)")
+    parser.add_argument("--refs", type=int, default=1_000_000,
+                        help="packed refs of the repository of large-ls-refs")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
     parser.add_argument("--settings", default=",".join(SETTINGS),
                         help=f"comma-separated, among {', '.join(SETTINGS)}")
@@ -280,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown settings {sorted(unknown)}")
         for fig in run_tree(tree, root, ids, args.seconds, args.gap, args.work, settings,
-                            args.repeat):
+                            args.repeat, args.refs):
             print(fig.row(), flush=True)
     return 0
 

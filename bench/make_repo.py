@@ -19,6 +19,12 @@ The history is streamed into ``git fast-import`` (seconds, not thousands of
   no bitmap, no commit-graph.
 
     python bench/make_repo.py [OUTDIR] [--commits N] [--seed S] [--name NAME]
+                              [--many-refs N]
+
+``--many-refs N`` also makes ``<name>-manyrefs-N.git``: the gc variant plus N packed
+branches ``refs/heads/many/bNNNNNNN`` (on the history's commits, in turn), written
+straight into ``packed-refs`` (sorted, fully peeled): 1,000,000 refs take seconds, not a
+million ``git update-ref`` calls.
 
 OUTDIR defaults to bench/work/synthetic; existing repositories are reused
 unless ``--force``.
@@ -381,6 +387,44 @@ def build(out: Path, name: str, commits: int, seed: int, source: Path,
     yield from make_variants(src, out, name, recompute_deltas=True)
 
 
+def add_many_refs(src: Path, dest: Path, count: int) -> Path:
+    """*dest*: a copy of the bare repository *src* (objects hard-linked) whose packed-refs
+    also holds *count* branches ``refs/heads/many/bNNNNNNN``, each on one of the commits
+    of ``git rev-list --all`` in turn. Reused when present."""
+    if dest.exists():
+        return dest
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=os.link)
+    subprocess.run(["git", "--git-dir", str(tmp), "pack-refs", "--all"], check=True, timeout=600)
+    commits = subprocess.run(["git", "--git-dir", str(tmp), "rev-list", "--all"], check=True,
+                             capture_output=True, timeout=600).stdout.split()
+    packed = tmp / "packed-refs"
+    old = packed.read_bytes().splitlines(keepends=True) if packed.exists() else []
+    entries: dict[bytes, list[bytes]] = {}
+    last = b""
+    for line in old:
+        if line.startswith(b"#"):
+            continue
+        if line.startswith(b"^"):
+            entries[last].append(line)
+            continue
+        last = line.split(b" ", 1)[1].rstrip(b"\n")
+        entries[last] = [line]
+    for i in range(count):
+        name = b"refs/heads/many/b%07d" % i
+        entries[name] = [commits[i % len(commits)] + b" " + name + b"\n"]
+    # Written via a new file and a rename, as git does; the header matches git's.
+    new = tmp / "packed-refs.new"
+    with new.open("wb") as f:
+        f.write(b"# pack-refs with: peeled fully-peeled sorted \n")
+        for name in sorted(entries):
+            f.writelines(entries[name])
+    new.replace(packed)
+    tmp.rename(dest)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     ap = argparse.ArgumentParser(description="Generate the synthetic benchmark repository")
@@ -392,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"directory of .py files (default {DEFAULT_SOURCE} or this "
                          "interpreter's stdlib)")
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
+    ap.add_argument("--many-refs", type=int, default=0, metavar="N",
+                    help="also make <name>-manyrefs-N.git: the gc variant plus N packed refs")
     args = ap.parse_args(argv)
     source = args.source or (DEFAULT_SOURCE if DEFAULT_SOURCE.is_dir()
                              else Path(sysconfig.get_paths()["stdlib"]))
@@ -399,6 +445,15 @@ def main(argv: list[str] | None = None) -> int:
     for label, info in build(args.outdir.resolve(), args.name, args.commits, args.seed, source,
                              args.force):
         print(f"{label}: {info.summary()}", flush=True)
+    if args.many_refs:
+        out = args.outdir.resolve()
+        dest = out / f"{args.name}-manyrefs-{args.many_refs}.git"
+        if args.force:
+            shutil.rmtree(dest, ignore_errors=True)
+        t1 = time.monotonic()
+        add_many_refs(out / f"{args.name}-gc.git", dest, args.many_refs)
+        print(f"{dest.name}: {args.many_refs} more packed refs in {time.monotonic() - t1:.1f}s",
+              flush=True)
     print(f"total {time.monotonic() - t0:.1f}s")
     return 0
 

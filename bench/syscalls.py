@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -128,6 +129,14 @@ def pkt(line: str) -> bytes:
     return b"%04x" % (len(data) + 4) + data
 
 
+def ls_refs_all_body() -> bytes:
+    """A v2 ``ls-refs`` of every ref, peeled, with symrefs (``git ls-remote`` sends
+    no ref-prefix)."""
+    return (pkt("command=ls-refs\n") + pkt("agent=git/2.39.5\n")
+            + pkt("object-format=sha1\n") + b"0001" + pkt("peel\n") + pkt("symrefs\n")
+            + b"0000")
+
+
 def ls_refs_body() -> bytes:
     """The v2 ``ls-refs`` request ``git clone`` (2.39) sends."""
     return (pkt("command=ls-refs\n") + pkt("agent=git/2.39.5\n")
@@ -147,16 +156,18 @@ class HttpResult:
 
 def http_request(port: int, kind: str, repo: str, timeout: float = 120.0,
                  conn: http.client.HTTPConnection | None = None) -> HttpResult:
-    """*kind* ``advert-v0`` (GET info/refs), ``advert-v2`` or ``ls-refs`` (v2 POST).
+    """*kind* ``advert-v0`` (GET info/refs), ``advert-v2``, ``ls-refs`` (v2 POST, with
+    the ref-prefixes of ``git clone``) or ``ls-refs-all`` (v2 POST, no prefix).
 
     The body is read completely; its length is returned.  With *conn* the
     request reuses that keep-alive connection."""
     path, method, body = f"/{repo}/info/refs?service=git-upload-pack", "GET", None
     headers = {"User-Agent": "git/2.39.5", "Accept": "*/*", "Pragma": "no-cache"}
-    if kind in ("advert-v2", "ls-refs"):
+    if kind in ("advert-v2", "ls-refs", "ls-refs-all"):
         headers["Git-Protocol"] = "version=2"
-    if kind == "ls-refs":
-        path, method, body = f"/{repo}/git-upload-pack", "POST", ls_refs_body()
+    if kind in ("ls-refs", "ls-refs-all"):
+        body = ls_refs_body() if kind == "ls-refs" else ls_refs_all_body()
+        path, method = f"/{repo}/git-upload-pack", "POST"
         headers["Content-Type"] = "application/x-git-upload-pack-request"
         headers["Accept"] = "application/x-git-upload-pack-result"
     own = conn is None
@@ -555,7 +566,8 @@ def measure_metadata(servers: dict[str, BenchServer], fx: Fixture, protocols: Se
 # ---------------------------------------------------------------------------
 # writes and CPU of big advertisements
 
-BIG_REQUESTS = (("advert-v0", "v0 GET info/refs"), ("ls-refs", "v2 POST ls-refs"))
+BIG_REQUESTS = (("advert-v0", "v0 GET info/refs"), ("ls-refs", "v2 ls-refs, clone's prefixes"),
+                ("ls-refs-all", "v2 ls-refs, no prefix"))
 
 
 @dataclass
@@ -585,8 +597,10 @@ class WriteRow:
         return math.ceil(self.body_bytes / CHUNK) + 4
 
 
-STATES = ("warm", "cold")
-STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)"}
+STATES = ("warm", "cold", "packed", "racy")
+STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)",
+               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s"}
+RACY_PERIOD = 0.5
 
 
 class RefBumper:
@@ -609,13 +623,40 @@ class RefBumper:
         run_git(["--git-dir", str(self.repo), "update-ref", "refs/heads/zz-bench-bump",
                  self.commits[self.n % 2]])
 
+    def repack(self) -> None:
+        """The bump ref moved, then ``git pack-refs --all``: packed-refs is rewritten
+        (one line differs) and no loose ref is left."""
+        self()
+        run_git(["--git-dir", str(self.repo), "pack-refs", "--all"])
+
+    @contextlib.contextmanager
+    def every(self, period: float) -> Iterator[None]:
+        """Move the bump ref every *period* seconds (in a thread) while the block runs:
+        every listing is inside the racy window, nothing is trusted by its stat."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(period):
+                self()
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
 
 def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
              bump: RefBumper) -> set[int]:
-    """Warm-up request, then (cold) change the refs; returns the idle pid set."""
+    """Warm-up request, then (cold, packed) change the refs; returns the idle pid set.
+    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`.)"""
     http_request(srv.port, kind, fx.manyrefs)
     if state == "cold":
         bump()
+    elif state == "packed":
+        bump.repack()
     baseline = set(srv.pids())
     settle(srv, baseline)
     return baseline
@@ -626,7 +667,7 @@ def measure_writes(servers: dict[str, BenchServer], fx: Fixture,
     rows: list[WriteRow] = []
     bump = RefBumper(fx.root / fx.manyrefs)
     bump.remove()
-    for state in STATES:
+    for state in ("warm", "cold"):
         for kind, _label in BIG_REQUESTS:
             for name, srv in servers.items():
                 baseline = _prepare(srv, kind, fx, state, bump)
@@ -649,25 +690,30 @@ class CpuRow:
     state: str = "warm"
 
 
-def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int) -> list[CpuRow]:
-    """Median CPU per request, rounds alternating the servers; warm and cold."""
+def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
+                states: Sequence[str] = STATES) -> list[CpuRow]:
+    """Median CPU per request, rounds alternating the servers, in each of ``states``:
+    warm, cold (a loose ref moved), packed (packed-refs rewritten), racy (a ref moves
+    every 0.5 s while the rounds run)."""
     rows: list[CpuRow] = []
     bump = RefBumper(fx.root / fx.manyrefs)
     bump.remove()
-    for state in STATES:
+    for state in states:
         for kind, _label in BIG_REQUESTS:
             cpu: dict[str, list[float]] = {k: [] for k in servers}
             wall: dict[str, list[float]] = {k: [] for k in servers}
             size: dict[str, int] = {}
-            for _ in range(rounds):
-                for name, srv in servers.items():
-                    baseline = _prepare(srv, kind, fx, state, bump)
-                    srv.reset_counters()
-                    res = http_request(srv.port, kind, fx.manyrefs)
-                    settle(srv, baseline)
-                    cpu[name].append(srv.cpu_ns() / 1e6)
-                    wall[name].append(res.wall_s * 1e3)
-                    size[name] = res.body_bytes
+            racy = bump.every(RACY_PERIOD) if state == "racy" else contextlib.nullcontext()
+            with racy:
+                for _ in range(rounds):
+                    for name, srv in servers.items():
+                        baseline = _prepare(srv, kind, fx, state, bump)
+                        srv.reset_counters()
+                        res = http_request(srv.port, kind, fx.manyrefs)
+                        settle(srv, baseline)
+                        cpu[name].append(srv.cpu_ns() / 1e6)
+                        wall[name].append(res.wall_s * 1e3)
+                        size[name] = res.body_bytes
             rows.append(CpuRow(kind, {k: median(v) for k, v in cpu.items()},
                                {k: median(v) for k, v in wall.items()}, size, state))
     bump.remove()
@@ -756,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
     ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu")
+    ap.add_argument("--states", default=",".join(STATES),
+                    help="ref states of the CPU rows: " + ",".join(STATES))
     ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
                     help="gitspout revision to measure (a frozen copy); 'worktree' for the "
                          "working tree as it is at the start")
@@ -798,7 +846,8 @@ def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
                    "first; cold = a ref changed after it; bound applies to gitspout) ==\n"
                    + write_table(wrows))
     if "cpu" not in skip:
-        crows = measure_cpu(servers, fx, args.rounds)
+        crows = measure_cpu(servers, fx, args.rounds,
+                            [x for x in args.states.split(",") if x])
         out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
                    f"repository, median of {args.rounds} alternating rounds, one identical "
                    "request before each (cold: then a ref changed), no strace ==\n"

@@ -19,6 +19,7 @@ __all__ = [
     "format_service_header",
     "format_v0_capabilities",
     "iter_v0_advertisement",
+    "iter_v0_ref_lines",
     "sorted_refs",
 ]
 
@@ -117,6 +118,15 @@ def iter_v0_advertisement(
             yield ref.peeled + b" " + ref.name + b"^{}\n"
     if first:
         yield zero_oid + b" capabilities^{}\0" + capabilities + b"\n"
+
+
+def iter_v0_ref_lines(refs: Iterable[Ref]) -> Iterator[bytes]:
+    """The payloads of ``refs`` in an advertisement whose first line (HEAD's, with the
+    capabilities) is already out: what :func:`iter_v0_advertisement` yields for them then."""
+    for ref in refs:
+        yield ref.oid + b" " + ref.name + b"\n"
+        if ref.peeled is not None:
+            yield ref.peeled + b" " + ref.name + b"^{}\n"
 
 
 def sorted_refs(refs: Sequence[Ref]) -> list[Ref]:

@@ -218,7 +218,8 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
     else:
         header = [format_service_header(UPLOAD_PACK.encode())]
         chunks = await state.run(lambda: answers.encoded(
-            ctx, ("v0", version), lambda: answers.v0_advertisement(ctx, version), header))
+            ctx, ("v0", version), lambda: answers.v0_advertisement(ctx, version), header,
+            lambda: answers.v0_segmented(ctx, version)))
     resp = await _start(request, f"application/x-{UPLOAD_PACK}-advertisement")
     writer = PktWriter(resp, record=rec)
     await writer.chunks(chunks)
@@ -354,7 +355,8 @@ def _prepare_v2(ctx: RequestContext, body: bytes) -> _V2Answer:
     if cmd.command == b"ls-refs":
         ls = parse_ls_refs_args(cmd.args)
         kind = ("ls-refs", ls.peel, ls.symrefs, ls.unborn, ls.prefixes)
-        answer.chunks = answers.encoded(ctx, kind, lambda: answers.ls_refs(ctx, ls))
+        answer.chunks = answers.encoded(ctx, kind, lambda: answers.ls_refs(ctx, ls),
+                                        segmented=lambda: answers.ls_refs_segmented(ctx, ls))
     elif cmd.command == b"object-info":
         oi = parse_object_info_args(cmd.args, ctx.hash_len * 2)
         buf = PktBuffer()

@@ -6,20 +6,26 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
-from gitspout.protocol.advertise import format_v0_capabilities, iter_v0_advertisement
+from gitspout.protocol.advertise import (
+    format_v0_capabilities,
+    iter_v0_advertisement,
+    iter_v0_ref_lines,
+)
 from gitspout.protocol.capabilities import V2Features, iter_v2_capabilities
 from gitspout.protocol.ls_refs import LsRefsRequest, iter_ls_refs
 from gitspout.protocol.object_info import ObjectInfoRequest, iter_object_info
 from gitspout.protocol.oid import zero_oid
-from gitspout.protocol.pktline import PktBuffer
-from gitspout.protocol.refs import HeadInfo, ref_matches_prefixes
+from gitspout.protocol.pktline import DEFAULT_CHUNK_SIZE, FLUSH_PKT, PktBuffer, encode_pkt
+from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
 from ..graph.reachability import reachable_subset
+from ..store.refs import RefSegment, RefSnapshot
 from .context import RequestContext
 
 __all__ = ["SESSION_ID", "v0_capabilities", "v0_advertisement", "v2_features", "v2_capabilities",
-           "ls_refs", "encoded", "object_info"]
+           "ls_refs", "encoded", "object_info", "Segmented", "v0_segmented", "ls_refs_segmented"]
 
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
@@ -44,6 +50,17 @@ def v0_advertisement(ctx: RequestContext, version: int) -> Iterator[bytes]:
     head, refs = ctx.visible()
     caps = v0_capabilities(ctx, head)
     return iter_v0_advertisement(head, refs, caps, zero_oid(ctx.object_format), version)
+
+def v0_segmented(ctx: RequestContext, version: int) -> Segmented | None:
+    """The advertisement by segments of refs, when HEAD carries the capabilities (else the
+    first ref does, and the answer is made whole by :func:`v0_advertisement`)."""
+    snap = ctx.refs
+    head = _visible_head(ctx, snap)
+    if head is None or head.oid is None:
+        return None
+    caps = v0_capabilities(ctx, head)
+    first = list(iter_v0_advertisement(head, (), caps, zero_oid(ctx.object_format), version))
+    return Segmented(snap, first, iter_v0_ref_lines, ("v0",))
 
 def v2_features(ctx: RequestContext) -> V2Features:
     cfg = ctx.config
@@ -71,16 +88,59 @@ def ls_refs(ctx: RequestContext, req: LsRefsRequest) -> Iterator[bytes]:
     # The snapshot holds only refs under the prefixes: no need to test them again.
     return iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head, refs)
 
+def ls_refs_segmented(ctx: RequestContext, req: LsRefsRequest) -> Segmented:
+    """ls-refs by segments of refs (with ref-prefix, the segments that hold refs under
+    the prefixes, each filtered)."""
+    snap = ctx.refs_with_prefixes(req.prefixes)
+    head = _visible_head(ctx, snap)
+    unborn = req.unborn and ctx.config.unborn != "ignore"
+    first = list(iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn, req.prefixes),
+                              head, ()))
+    plain = LsRefsRequest(req.peel, req.symrefs)
+    return Segmented(snap, first, lambda refs: iter_ls_refs(plain, None, refs),
+                     ("ls-refs", req.peel, req.symrefs), req.prefixes)
+
+
+def _visible_head(ctx: RequestContext, snap: RefSnapshot) -> HeadInfo | None:
+    hide = ctx.config.hide_refs
+    return None if hide and ref_is_hidden(b"HEAD", list(hide)) else snap.head
+
+
+@dataclass(frozen=True)
+class Segmented:
+    """An answer made of a first part and the refs of a snapshot, segment by segment.
+
+    ``refs`` gives the payloads of a run of visible refs; ``key`` names what they depend
+    on besides the refs (with hideRefs, the key of each segment's kept encoding)."""
+
+    snapshot: RefSnapshot
+    first: list[bytes]
+    refs: Callable[[Iterable[Ref]], Iterable[bytes]]
+    key: tuple[object, ...]
+    prefixes: tuple[bytes, ...] = ()  # only refs under these (all when empty)
+
+
 def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[], Iterable[bytes]],
-            preamble: Sequence[bytes] = ()) -> list[bytes]:
+            preamble: Sequence[bytes] = (),
+            segmented: Callable[[], Segmented | None] | None = None) -> list[bytes]:
     """The response body as 32 KiB chunks, kept per ref state and config: a repeated
-    advertisement of an unchanged repository costs its validation and its writes."""
+    advertisement of an unchanged repository costs its validation and its writes.
+
+    With ``segmented``, the body is put together from the encoding each segment of refs
+    keeps (:class:`~..store.refs.RefSegment`): after a change, only the segments that
+    changed are encoded again."""
     _ = ctx.config  # read first: the key names the config this answer depends on
     key = (kind, ctx.refs_state(kind), ctx.repo.config_key())
     # Nothing is put while the cross-request cache is off: the lookup is then a miss.
     hit = ctx.repo.ref_cache.encoded.get(key)
     if hit is not None:
         return hit
+    seg = segmented() if segmented is not None and ctx.dirs.enabled else None
+    if seg is not None:
+        whole = _from_segments(ctx, seg, preamble)
+        if ctx.refs_cacheable(kind):
+            ctx.repo.ref_cache.encoded.put(key, whole)
+        return whole
     buf = PktBuffer()
     chunks: list[bytes] = []
     for payload in preamble:
@@ -107,6 +167,54 @@ def _reachable_subset(ctx: RequestContext, oids: Sequence[bytes]) -> set[bytes]:
     if ctx.config.allow_any_sha1:
         return set(oids)
     return reachable_subset(ctx.src, oids, ctx.tips(), ctx.registry.reach_cache)
+
+
+def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes]) -> list[bytes]:
+    """The body: preamble, first part, each segment's kept encoding (made when missing),
+    flush; pieces are joined into chunks of at least 32 KiB (a segment is about that)."""
+    hide = tuple(ctx.config.hide_refs)
+    ekey = (seg.key, hide)
+    head = [encode_pkt(p) for p in preamble]
+    if preamble:
+        head.append(FLUSH_PKT)
+    head.extend(encode_pkt(p) for p in seg.first)
+    chunks: list[bytes] = []
+    pieces: list[bytes] = [b"".join(head)]
+    size = len(pieces[0])
+    prefixes = seg.prefixes
+    pkey = (seg.key, hide, prefixes)
+    for segment in seg.snapshot.segments:
+        # A segment wholly under one prefix (sorted: its first and last names are) is
+        # encoded as without prefixes; another one is filtered and kept apart.
+        whole = not prefixes or _under_one(segment, prefixes)
+        k = ekey if whole else pkey
+        body = segment.encoded.get(k)
+        if body is None:
+            refs: Iterable[Ref] = segment.refs
+            if not whole:
+                refs = [r for r in refs if ref_matches_prefixes(r.name, prefixes)]
+            if hide:
+                patterns = list(hide)
+                refs = [r for r in refs if not ref_is_hidden(r.name, patterns)]
+            body = segment.encoded[k] = b"".join(map(encode_pkt, seg.refs(refs)))
+        if not body:
+            continue
+        pieces.append(body)
+        size += len(body)
+        if size >= DEFAULT_CHUNK_SIZE:
+            chunks.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces, size = [], 0
+    pieces.append(FLUSH_PKT)
+    chunks.append(b"".join(pieces))
+    return chunks
+
+
+def _under_one(segment: RefSegment, prefixes: Sequence[bytes]) -> bool:
+    refs = segment.refs
+    if not refs:
+        return True
+    first, last = refs[0].name, refs[-1].name
+    return any(first.startswith(p) and last.startswith(p) for p in prefixes)
 
 
 def _keep(chunks: list[bytes], chunk: bytes | None) -> None:
