@@ -30,8 +30,6 @@ Peeler = Callable[[bytes], bytes | None]
 _MAX_SYMREF_DEPTH = 5
 
 
-REF_BYTES = 250  # a Ref in a snapshot (--cache-memory): name, ids, the object itself
-
 SEGMENT_REFS = 512
 """Refs per segment: about 32 KiB of encoded advertisement, the unit that one change
 re-encodes (and the size of one write)."""
@@ -72,6 +70,9 @@ class _PackedSegment:
         if not delta:
             return self
         return _PackedSegment(self.start + delta, self.end + delta, self.names, self.segment)
+
+
+REF_BYTES = 250  # a Ref in a snapshot (--cache-memory): name, ids, the object itself
 
 
 @dataclass(frozen=True)
@@ -390,8 +391,9 @@ class _Reader:
                 self.cache.packed.pop(last.key)
             self.cache.last_packed = _LastPacked(self.hex_len, parsed, key)
             if top.trusted:
-                # What it holds, for --cache-memory: the file's bytes and a Ref per line.
-                self.cache.packed.put(key, parsed, nbytes=3 * len(data) + 1024)
+                # What it holds, for --cache-memory: the file, and a Ref per line.
+                refs = sum(len(seg.names) for seg in parsed.segments)
+                self.cache.packed.put(key, parsed, nbytes=3 * len(data) + 200 * refs)
         return parsed
 
     def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
@@ -554,6 +556,7 @@ def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
         if merged is None:
             merged = _chunked(_merge(base.refs, mine))
             if cache is not None:
+                # For --cache-memory: what the merged segments hold (an entry is ~512 refs).
                 cache.merged.put(key, merged,
                                  nbytes=REF_BYTES * sum(len(seg.refs) for seg in merged))
         out.extend(merged)
@@ -610,8 +613,8 @@ def read_ref_snapshot(
     snap = RefSnapshot(head, segments, hex_len, state, complete=not prefixes, cacheable=trusted,
                        prefixes=tuple(prefixes))
     if trusted:
-        # Its segments are mostly those of the packed parse, counted there.
-        cache.snapshots.put(state, snap, nbytes=256 + 64 * len(segments))
+        cache.snapshots.put(state, snap,
+                            nbytes=REF_BYTES * (1 + sum(len(seg.refs) for seg in segments)))
     return snap
 
 
