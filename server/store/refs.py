@@ -556,7 +556,9 @@ def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
         if merged is None:
             merged = _chunked(_merge(base.refs, mine))
             if cache is not None:
-                cache.merged.put(key, merged)
+                # For --cache-memory: what the merged segments hold (an entry is ~512 refs).
+                cache.merged.put(key, merged,
+                                 nbytes=REF_BYTES * sum(len(seg.refs) for seg in merged))
         out.extend(merged)
     return tuple(out)
 
