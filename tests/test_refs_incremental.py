@@ -7,6 +7,7 @@ import random
 
 from gitspout.protocol.refs import Ref
 from gitspout.server.store import refs as R
+from gitspout.server.store.errors import StorageError
 
 HEX = 40
 
@@ -26,7 +27,7 @@ def _file(entries: dict[bytes, tuple[bytes, bytes | None]], header: bytes) -> by
 
 
 def _refs(p: R._PackedRefs) -> list[Ref]:
-    return [r for s in p.segments for r in s.segment.refs]
+    return [r for s in p.segments for r in s.refs()]
 
 
 def _no_peel(oid: bytes) -> bytes | None:
@@ -59,11 +60,10 @@ def test_diffed_parse_equals_full_parse_and_reuses_segments() -> None:
         diffed = R._reparse_packed_refs(parsed, new, HEX, _no_peel)
         full = R._parse_packed_refs(new, HEX, _no_peel)
         assert _refs(diffed) == _refs(full), step
-        assert all(new[s.start - 1:s.start] == b"\n" for s in diffed.segments), step
-        for s in diffed.segments:
-            assert new[s.start:s.end].split(b" ", 1)[0] == s.segment.refs[0].oid
+        # The segments are the file's own lines, in order: nothing else of it is kept.
+        assert HEADER + b"".join(s.raw for s in diffed.segments) == new, step
         if op != 3:
-            reused = {id(s.segment) for s in parsed.segments} & {id(s.segment) for s in diffed.segments}
+            reused = {id(s) for s in parsed.segments} & {id(s) for s in diffed.segments}
             assert len(reused) >= len(parsed.segments) - 2, step
         parsed = diffed
         for name in rng.sample(sorted(entries), 5):
@@ -79,10 +79,39 @@ def test_header_change_and_unsorted_file_parse_fully() -> None:
     peels: list[bytes] = []
     diffed = R._reparse_packed_refs(old, new, HEX, lambda o: peels.append(o) or None)
     assert not diffed.fully_peeled and _refs(diffed) == _refs(old)
-    unsorted = b"".join(reversed(_file(entries, b"").splitlines(keepends=True)))
-    # reversed: each ^ line now precedes its tag; none of them peels anything
+    unsorted = b"".join(_file({n: entries[n]}, b"") for n in reversed(sorted(entries)))
     p = R._parse_packed_refs(unsorted, HEX, _no_peel)
     assert not p.diffable and [r.name for r in _refs(p)] == sorted(entries)
+    assert [r.peeled for r in _refs(p)] == [entries[n][1] for n in sorted(entries)]
+
+
+def test_garbage_lines_raise_storage_error() -> None:
+    """A line of packed-refs that is no entry fails the request as a storage fault (C git
+    dies on it too), whether the file is parsed whole or diffed against its last parse."""
+    rng = random.Random(8)
+    entries = {b"refs/heads/b%05d" % i: (_oid(rng), None) for i in range(3000)}
+    good = _file(entries, HEADER)
+    old = R._parse_packed_refs(good, HEX, _no_peel)
+    at = good.index(b" refs/heads/b01500\n") - HEX  # the start of that line
+    peel = b"^" + _oid(rng) + b"\n"
+    for garbage in (b"not a ref line\n", b"\n", peel + peel,
+                    b"z" * 40 + b" refs/heads/zz\n", _oid(rng) + b" \n",
+                    _oid(rng) + b" two names\n", b"# comment\n"):
+        bad = good[:at] + garbage + good[at:]
+        for parse in (lambda d: R._parse_packed_refs(d, HEX, _no_peel),
+                      lambda d: R._reparse_packed_refs(old, d, HEX, _no_peel)):
+            try:
+                parse(bad)
+            except StorageError as exc:
+                assert "packed-refs" in str(exc)
+            else:
+                raise AssertionError(f"{garbage!r} was accepted")
+    try:
+        R._parse_packed_refs(good[:-1], HEX, _no_peel)
+    except StorageError as exc:
+        assert "unterminated" in str(exc)
+    else:
+        raise AssertionError("an unterminated last line was accepted")
 
 
 def test_loose_refs_merge_into_their_segment_only() -> None:
@@ -95,9 +124,9 @@ def test_loose_refs_merge_into_their_segment_only() -> None:
                                       b"refs/heads/b00010": None,
                                       b"refs/heads/new": Ref(b"refs/heads/new", a)}
     segs = R._segments_of(packed, loose, cache)
-    base = [s.segment for s in packed.segments]
+    base = list(packed.segments)
     assert sum(s not in base for s in segs) == 3
-    refs = [r for s in segs for r in s.refs]
+    refs = [r for s in segs for r in s.refs()]
     want = {n: Ref(n, o) for n, (o, _) in entries.items()}
     del want[b"refs/heads/b00010"]
     want[b"refs/heads/b02500"] = Ref(b"refs/heads/b02500", a)

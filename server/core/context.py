@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gitspout.protocol.errors import ClientError
-from gitspout.protocol.refs import HeadInfo, Ref
+from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from ..graph.commits import CommitSource
 from ..store.errors import StorageError
@@ -46,6 +46,7 @@ class RequestContext:
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
+    _visible: tuple[HeadInfo | None, list[Ref]] | None = None
 
     # Who still uses this context: the handler, and each pool job running for it. The
     # packs the request froze are leased until the last of them lets go (store/registry.py).
@@ -128,7 +129,29 @@ class RequestContext:
         return result or None
 
     def visible(self) -> tuple[HeadInfo | None, list[Ref]]:
-        return self.refs.visible(self.config.hide_refs)
+        """HEAD and the visible refs as Ref objects, made once per request (at 100k refs
+        that is 0.1 s: the hot paths use :meth:`tips`, :meth:`visible_ref` instead)."""
+        if self._visible is None:
+            self._visible = self.refs.visible(self.config.hide_refs)
+        return self._visible
+
+    def visible_ref(self, name: bytes) -> Ref | None:
+        """The visible ref called ``name`` (``HEAD`` included), or None."""
+        hide = list(self.config.hide_refs)
+        if name == b"HEAD":
+            head = self.refs.head
+            if head.oid is None or (hide and ref_is_hidden(b"HEAD", hide)):
+                return None
+            return Ref(b"HEAD", head.oid)
+        if hide and ref_is_hidden(name, hide):
+            return None
+        return self.refs.get(name)
+
+    def visible_under(self, prefix: bytes) -> list[Ref]:
+        """The visible refs whose names start with ``prefix``."""
+        hide = list(self.config.hide_refs)
+        refs = self.refs.select((prefix,))
+        return [r for r in refs if not ref_is_hidden(r.name, hide)] if hide else refs
 
     def timed(self, phase: str, start: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - start
@@ -161,9 +184,14 @@ class RequestContext:
         Ref values are hex (as read and advertised); this is where they become binary, once
         per request: the want check, the shallow check and object-info all ask."""
         if self._tips is None:
-            head, refs = self.visible()
-            tips = {bytes.fromhex(r.oid.decode()) for r in refs}
-            if head is not None and head.oid is not None:
-                tips.add(bytes.fromhex(head.oid.decode()))
-            self._tips = frozenset(tips)
+            hide = self.config.hide_refs
+            oids = self.refs.visible_oids(hide)
+            head = self.refs.head
+            if head.oid is not None and not (hide and ref_is_hidden(b"HEAD", list(hide))):
+                oids.append(head.oid)
+            # One conversion of every id at C speed, then 20- or 32-byte slices.
+            raw = bytes.fromhex(b"".join(oids).decode("ascii"))
+            n = len(raw) // max(1, len(oids)) if oids else 0
+            self._tips = frozenset(raw[i:i + n] for i in range(0, len(raw), n)) if n \
+                else frozenset()
         return self._tips
