@@ -96,10 +96,11 @@ def test_garbage_lines_raise_storage_error() -> None:
     peel = b"^" + _oid(rng) + b"\n"
     for garbage in (b"not a ref line\n", b"\n", peel + peel,
                     b"z" * 40 + b" refs/heads/zz\n", _oid(rng) + b" \n",
-                    _oid(rng) + b" two names\n", b"# comment\n"):
+                    b"# comment\n", _oid(rng)[:-1] + b" refs/heads/short\n"):
         bad = good[:at] + garbage + good[at:]
-        for parse in (lambda d: R._parse_packed_refs(d, HEX, _no_peel),
-                      lambda d: R._reparse_packed_refs(old, d, HEX, _no_peel)):
+        # Checked when the refs are first used (the split that encodes them anyway).
+        for parse in (lambda d: _refs(R._parse_packed_refs(d, HEX, _no_peel)),
+                      lambda d: _refs(R._reparse_packed_refs(old, d, HEX, _no_peel))):
             try:
                 parse(bad)
             except StorageError as exc:
@@ -134,3 +135,43 @@ def test_loose_refs_merge_into_their_segment_only() -> None:
     assert refs == [want[n] for n in sorted(want)]
     again = R._segments_of(packed, dict(loose), cache)
     assert all(x is y for x, y in zip(segs, again, strict=True))
+
+
+def test_file_read_by_blocks_parses_and_diffs_as_bytes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """packed-refs read from its file a block at a time (blocks much smaller than the
+    file, so entries straddle them) gives the parse and the diff of the bytes in memory."""
+    monkeypatch.setattr(R, "BLOCK", 3000)
+    rng = random.Random(12)
+    entries = {b"refs/tags/t%05d" % i: (_oid(rng), _oid(rng) if i % 3 else None)
+               for i in range(4000)}
+    path = tmp_path / "packed-refs"
+    fs = R.FsOps()
+
+    def parse_file(old: R._PackedRefs | None) -> R._PackedRefs:
+        fd = fs.open_or_none(str(path))
+        assert fd is not None
+        try:
+            f = R._File(fd, fs)
+            return R._parse_packed_refs(f, HEX, _no_peel) if old is None else \
+                R._reparse_packed_refs(old, f, HEX, _no_peel)
+        finally:
+            import os
+            os.close(fd)
+
+    path.write_bytes(_file(entries, HEADER))
+    parsed = parse_file(None)
+    assert _refs(parsed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+    for step in range(20):
+        names = sorted(entries)
+        if step % 5 == 4:
+            del entries[rng.choice(names)]
+        else:
+            entries[rng.choice(names)] = (_oid(rng), _oid(rng) if step % 2 else None)
+        path.write_bytes(_file(entries, HEADER))
+        diffed = parse_file(parsed)
+        assert HEADER + b"".join(s.raw for s in diffed.segments) == path.read_bytes(), step
+        assert _refs(diffed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+        reused = {id(s) for s in parsed.segments} & {id(s) for s in diffed.segments}
+        assert len(reused) >= len(parsed.segments) - 3, step
+        parsed = diffed
+    assert parse_file(parsed) is parsed  # unchanged: the same parse

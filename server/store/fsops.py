@@ -72,6 +72,15 @@ class FsOps:
         finally:
             os.close(fd)
 
+    def open_or_none(self, path: str) -> int | None:
+        """Open a file for reading (one open, counted): the caller reads it with
+        ``os.pread`` (each call counted with :meth:`note`) and closes it."""
+        self.counts["open"] += 1
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def read_file_or_none(self, path: str) -> bytes | None:
         try:
             return self.read_file(path)

@@ -9,11 +9,13 @@ key (every listing it came from) is unchanged. With caching off, everything is r
 
 from __future__ import annotations
 
+import binascii
 import os
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
@@ -52,14 +54,19 @@ class RefSegment:
     are made only when asked for (:meth:`refs`): 1M of them cost 200 MB and seconds, the
     bytes 60 MB and nothing (docs/ARCHITECTURE.md, "Caches")."""
 
-    __slots__ = ("raw", "targets", "first", "last", "plain", "hex_len", "__weakref__")
+    __slots__ = ("raw", "targets", "first", "last", "plain", "hex_len", "checked", "__weakref__")
 
     def __init__(self, raw: bytes, hex_len: int,
-                 targets: dict[bytes, bytes] | None = None) -> None:
+                 targets: dict[bytes, bytes] | None = None, checked: bool = True) -> None:
         self.raw = raw
         self.hex_len = hex_len
         self.targets = targets or None
-        self.plain = not self.targets and b"\n^" not in raw  # v0 and ls-refs lines agree
+        # No peeled line (``^`` is in no valid ref name) and no symref: the v0 and the
+        # ls-refs lines of these refs are the same bytes.
+        self.plain = not self.targets and b"^" not in raw
+        # Bytes read from packed-refs are checked (:func:`_check_lines`) the first time
+        # they are split into lines: the split that encodes or decodes them anyway.
+        self.checked = checked
         if raw:
             self.first = raw[hex_len + 1:raw.find(b"\n")]
             k = raw.rfind(b"\n", 0, len(raw) - 1) + 1
@@ -70,8 +77,13 @@ class RefSegment:
             self.first = self.last = b""
 
     def lines(self) -> list[bytes]:
+        """The lines of ``raw`` (without their newlines), checked the first time: a line
+        that is no entry raises :class:`PackedRefsError`."""
         lines = self.raw.split(b"\n")
         lines.pop()
+        if not self.checked:
+            _check_lines(lines, self.hex_len, self.plain)
+            self.checked = True
         return lines
 
     def refs(self) -> list[Ref]:
@@ -98,9 +110,14 @@ class RefSegment:
 
     def get(self, name: bytes) -> bytes | None:
         """The object id of ``name`` in this segment, or None."""
-        i = self.raw.find(b" " + name + b"\n")
-        # A ref line has one space, at hex_len: the line starts hex_len bytes before it.
-        return None if i < 0 else self.raw[i - self.hex_len:i]
+        if not self.checked:
+            self.lines()
+        raw, h = self.raw, self.hex_len
+        i = raw.find(b" " + name + b"\n")
+        # A ref line's first space is at hex_len: the line starts hex_len bytes before it.
+        while i >= 0 and not (i == h or (i > h and raw[i - h - 1] == 0x0A)):
+            i = raw.find(b" " + name + b"\n", i + 1)
+        return None if i < 0 else raw[i - h:i]
 
     @property
     def nbytes(self) -> int:
@@ -134,20 +151,19 @@ class PackedRefsError(StorageError):
     what = "corrupt packed-refs"
 
 
-def _check(raw: bytes, hex_len: int) -> None:
-    """Raise :class:`PackedRefsError` unless ``raw`` is whole entry lines: ``<hex id>
-    <name>`` (a name without spaces), each optionally followed by ``^<hex id>``."""
-    lines = raw.split(b"\n")
-    if lines.pop() != b"":
-        raise PackedRefsError("packed-refs: unterminated line")
+def _check_lines(lines: list[bytes], hex_len: int, plain: bool) -> None:
+    """Raise :class:`PackedRefsError` unless ``lines`` are entries: ``<hex id> <name>``,
+    each optionally followed by ``^<hex id>`` (C git dies on anything else too). Without
+    peeled lines, at C speed: the ids joined and unhexlified, the byte after each."""
     h1 = hex_len + 1
-    peeled = raw.count(b"\n^")
-    bad = raw.startswith(b"^") or raw.count(b" ") != len(lines) - peeled or \
-        b" \n" in raw
-    if not bad and not peeled:
-        cols = b"".join([ln[:h1] for ln in lines])
-        bad = len(cols) != h1 * len(lines) or cols.count(b" ") != len(lines) or \
-            cols[hex_len::h1].count(b" ") != len(lines) or not _is_hex(cols)
+    bad = not lines
+    if plain and not bad:
+        try:
+            binascii.unhexlify(b"".join(map(itemgetter(slice(0, hex_len)), lines)))
+            bad = bytes(map(itemgetter(hex_len), lines)) != b" " * len(lines) or \
+                min(map(len, lines)) <= h1
+        except (binascii.Error, IndexError):
+            bad = True
     elif not bad:
         after_ref = False
         for ln in lines:
@@ -155,32 +171,33 @@ def _check(raw: bytes, hex_len: int) -> None:
                 bad = not after_ref or len(ln) != h1 or not _is_hex(ln[1:])
                 after_ref = False
             else:
-                bad = ln[hex_len:h1] != b" " or not _is_hex(ln[:hex_len])
+                bad = ln[hex_len:h1] != b" " or len(ln) <= h1 or not _is_hex(ln[:hex_len])
                 after_ref = True
             if bad:
                 break
     if bad:
+        after_ref = False
         for ln in lines:  # name the first bad line (a few words of it)
-            ok = (len(ln) == h1 and ln[:1] == b"^" and _is_hex(ln[1:])) or (
-                ln[hex_len:h1] == b" " and _is_hex(ln[:hex_len]) and len(ln) > h1
-                and ln.count(b" ") == 1)
-            if not ok:
+            if ln[:1] == b"^" and after_ref and len(ln) == h1 and _is_hex(ln[1:]):
+                after_ref = False
+                continue
+            after_ref = ln[hex_len:h1] == b" " and _is_hex(ln[:hex_len]) and len(ln) > h1
+            if not after_ref:
                 raise PackedRefsError(f"packed-refs: unexpected line {ln[:80]!r}")
-        raise PackedRefsError("packed-refs: a peeled line follows no ref")
+        raise PackedRefsError("packed-refs: no entries where entries should be")
 
 
 def _is_hex(b: bytes) -> bool:
-    """Hex digits (and the spaces between ids): what bytes.fromhex accepts in pairs."""
     try:
-        bytes.fromhex(b.decode("ascii"))
-    except ValueError:
+        binascii.unhexlify(b)
+    except binascii.Error:
         return False
     return True
 
 
 def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
-    """``data[lo:hi]`` (whole lines) in segments of about :data:`SEGMENT_BYTES`, each one
-    checked (:func:`_check`). A peeled line stays with its ref."""
+    """``data[lo:hi]`` (whole lines) in segments of about :data:`SEGMENT_BYTES` (checked
+    when first split: :meth:`RefSegment.lines`). A peeled line stays with its ref."""
     out: list[RefSegment] = []
     pos = lo
     while pos < hi:
@@ -192,10 +209,68 @@ def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
             while data.startswith(b"^", end) and end < hi:
                 nl = data.find(b"\n", end)
                 end = hi if nl < 0 or nl >= hi else nl + 1
-        raw = data[pos:end]
-        _check(raw, hex_len)
-        out.append(RefSegment(raw, hex_len))
+        out.append(RefSegment(data[pos:end], hex_len, checked=False))
         pos = end
+    return out
+
+
+BLOCK = 1 << 20  # bytes of packed-refs read at a time
+
+
+class _File:
+    """packed-refs read by blocks (``pread``), so that neither a parse nor a diff holds
+    the whole file beside its segments (60 MB more at 1M refs)."""
+
+    def __init__(self, fd: int, fs: FsOps) -> None:
+        self.fd, self.fs = fd, fs
+        self.size = os.lseek(fd, 0, os.SEEK_END)
+
+    @staticmethod
+    def of(data: bytes | _File) -> _File | _Bytes:
+        return _Bytes(data) if isinstance(data, bytes) else data
+
+    def read(self, off: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        parts: list[bytes] = []
+        while n > 0:
+            self.fs.note("read")
+            part = os.pread(self.fd, min(n, 1 << 24), off)
+            if not part:
+                raise PackedRefsError("packed-refs: shrank while it was read")
+            parts.append(part)
+            off += len(part)
+            n -= len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class _Bytes:
+    """A file's bytes already in memory, read as :class:`_File` is."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.size = data, len(data)
+
+    def read(self, off: int, n: int) -> bytes:
+        return self.data[off:off + n]
+
+
+def _cut_file(f: _File | _Bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
+    """:func:`_cut` of the file's bytes ``lo``..``hi`` (whole lines), a block at a time."""
+    out: list[RefSegment] = []
+    pos, want = lo, BLOCK
+    while pos < hi:
+        block = f.read(pos, min(want, hi - pos))
+        k = len(block)
+        if pos + k < hi:
+            # Whole entries only: up to a line start that is not a peeled line.
+            k = block.rfind(b"\n", 0, k - 1) + 1
+            while k > 0 and block[k] == 0x5E:
+                k = block.rfind(b"\n", 0, k - 1) + 1
+            if k == 0:  # one entry longer than the block
+                want *= 2
+                continue
+        out.extend(_cut(block, 0, k, hex_len))
+        pos += k
     return out
 
 
@@ -286,9 +361,10 @@ class RefCache:
             self._parent.charge(delta)
 
     def __del__(self) -> None:
-        parent = getattr(self, "_parent", None)
-        if parent is not None and getattr(self, "_charged", 0):
-            parent._gone.append(self._charged)  # as ByteLRU.__del__: no lock here
+        parent: MemoryBudget | None = getattr(self, "_parent", None)
+        charged: int = getattr(self, "_charged", 0)
+        if parent is not None and charged:
+            parent._gone.append(charged)  # as ByteLRU.__del__: no lock here
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,13 +460,26 @@ def _header_end(data: bytes) -> tuple[int, bool, bool]:
     return end, b" fully-peeled " in traits, b" sorted " in traits
 
 
-def _parse_packed_refs(data: bytes, hex_len: int, peel: Peeler) -> _PackedRefs:
-    header_end, fully, is_sorted = _header_end(data)
-    if data and not data.endswith(b"\n"):
+def _read_header(f: _File | _Bytes) -> tuple[bytes, bool, bool]:
+    head = f.read(0, min(f.size, 4096))
+    end, fully, is_sorted = _header_end(head)
+    if f.size and f.read(f.size - 1, 1) != b"\n":
         raise PackedRefsError("packed-refs: unterminated line")
-    segs = _cut(data, header_end, len(data), hex_len)
+    return head[:end], fully, is_sorted
+
+
+def _parse_packed_refs(data: bytes | _File, hex_len: int, peel: Peeler) -> _PackedRefs:
+    if isinstance(data, bytes):
+        header_end, fully, is_sorted = _header_end(data)
+        if data and not data.endswith(b"\n"):
+            raise PackedRefsError("packed-refs: unterminated line")
+        header = data[:header_end]
+        segs = _cut(data, header_end, len(data), hex_len)
+    else:
+        header, fully, is_sorted = _read_header(data)
+        segs = _cut_file(data, len(header), data.size, hex_len)
     if fully and (is_sorted and _in_order(segs) or _sorted_refs(segs)):
-        return _PackedRefs(data[:header_end], fully, segs)
+        return _PackedRefs(header, fully, segs)
     # Not as git writes it (hand-edited, not fully peeled, or from a very old git): sort
     # by name, keep the last of duplicate names, peel what the file does not, and diff
     # nothing against it.
@@ -401,7 +490,7 @@ def _parse_packed_refs(data: bytes, hex_len: int, peel: Peeler) -> _PackedRefs:
     refs = [by_name[n] for n in sorted(by_name)]
     if not fully:
         refs = [r if r.peeled is not None else Ref(r.name, r.oid, peel(r.oid)) for r in refs]
-    return _PackedRefs(data[:header_end], fully, list(_chunked(refs, hex_len)), diffable=False)
+    return _PackedRefs(header, fully, list(_chunked(refs, hex_len)), diffable=False)
 
 
 def _in_order(segs: Sequence[RefSegment]) -> bool:
@@ -414,36 +503,60 @@ def _sorted_refs(segs: Sequence[RefSegment]) -> bool:
     return all(a < b for a, b in zip(names, names[1:], strict=False))
 
 
-def _reparse_packed_refs(old: _PackedRefs, data: bytes, hex_len: int,
+def _reparse_packed_refs(old: _PackedRefs, data: bytes | _File, hex_len: int,
                          peel: Peeler) -> _PackedRefs:
     """The parse of ``data``, a new version of the packed-refs ``old`` was parsed from.
 
     Old segments found unchanged at the start of the new file, one after the other, and
     at its end, are reused (the same objects, with their encodings); the bytes between
     are parsed again. A rewrite by ``git pack-refs`` or a deletion costs a memcmp of the
-    file against the old segments and the parse of those around the change, not a parse
-    of every line; the old file is not kept for this, only its segments."""
-    header_end, _, _ = _header_end(data)
-    if not old.diffable or data[:header_end] != old.header or \
-            (data and not data.endswith(b"\n")):
+    file against the old segments (read a block at a time) and the parse of those around
+    the change, not a parse of every line; the old file is not kept for this, only its
+    segments, and the new one is not read whole."""
+    f = _File.of(data)
+    if not old.diffable or f.size < len(old.header) or \
+            f.read(0, len(old.header)) != old.header or \
+            _header_end(f.read(0, min(f.size, len(old.header) + 1)))[0] != len(old.header):
         return _parse_packed_refs(data, hex_len, peel)
+    if f.size and f.read(f.size - 1, 1) != b"\n":
+        raise PackedRefsError("packed-refs: unterminated line")
     segs = old.segments
-    pos, i = header_end, 0
-    while i < len(segs) and data.startswith(segs[i].raw, pos):
-        pos += len(segs[i].raw)
+    # The common start: segments equal to the next bytes, from a block.
+    pos, i = len(old.header), 0
+    lo, block = pos, b""
+    while i < len(segs):
+        raw = segs[i].raw
+        if pos + len(raw) > f.size:
+            break
+        if pos + len(raw) > lo + len(block):
+            lo, block = pos, f.read(pos, min(f.size - pos, max(BLOCK, len(raw))))
+        if not block.startswith(raw, pos - lo):
+            break
+        pos += len(raw)
         i += 1
-    end, j = len(data), len(segs)
+    if i == len(segs) and pos == f.size:
+        return old
+    # The common end, from blocks ending where the last reused segment starts.
+    end, j = f.size, len(segs)
+    lo, block = end, b""
     while j > i:
         raw = segs[j - 1].raw
         start = end - len(raw)
-        # A reused segment starts at a line of the new file: after the prefix, or after
-        # a newline (else the bytes before it end in the middle of a line).
-        if start < pos or not data.endswith(raw, pos, end) or \
-                (start > pos and data[start - 1] != 0x0A):
+        if start < pos:
+            break
+        # A reused segment starts at a line of the new file: at ``pos``, or after a
+        # newline (else the bytes before it end in the middle of a line).
+        first = start - 1 if start > pos else start
+        if first < lo:
+            lo = max(pos, min(first, end - BLOCK))
+            block = f.read(lo, end - lo)
+        if not block.endswith(raw, 0, end - lo) or \
+                (start > pos and block[start - 1 - lo] != 0x0A):
             break
         end = start
         j -= 1
-    middle = _cut(data, pos, end, hex_len)
+    del block
+    middle = _cut_file(f, pos, end, hex_len)
     out = segs[:i] + middle + segs[j:]
     k0, k1 = max(0, i - 1), min(len(out), i + len(middle) + 1)
     if not _in_order(out[k0:k1]):
@@ -482,15 +595,20 @@ class _Reader:
         # is diffed against them), and that cache would keep a second copy of every
         # version of a file of 60 MB at 1M refs.
         self.dirs.check_links(self.fs, self.gitdir, top, ("packed-refs",))
-        data = self.fs.read_file_or_none(os.path.join(self.gitdir, "packed-refs")) or b""
+        fd = self.fs.open_or_none(os.path.join(self.gitdir, "packed-refs"))
+        if fd is None:
+            return _NO_PACKED
         last = self.cache.last_packed if self.dirs.enabled else None
-        if last is not None and last.hex_len == self.hex_len:
-            # Validated by content: whatever the listing's stat says (racy or not), the
-            # bytes just read are compared with the last parse's.
-            parsed = _reparse_packed_refs(last.parsed, data, self.hex_len, peel)
-        else:
-            parsed = _parse_packed_refs(data, self.hex_len, peel)
-        del data  # the segments hold copies of its lines: the file is not kept besides
+        try:
+            data = _File(fd, self.fs)
+            if last is not None and last.hex_len == self.hex_len:
+                # Validated by content: whatever the listing's stat says (racy or not),
+                # the file is compared with the last parse's segments.
+                parsed = _reparse_packed_refs(last.parsed, data, self.hex_len, peel)
+            else:
+                parsed = _parse_packed_refs(data, self.hex_len, peel)
+        finally:
+            os.close(fd)
         if self.dirs.enabled:
             if last is not None and last.key != key:
                 # One parse held at a time: the trusted entry of an older version would
