@@ -724,6 +724,119 @@ def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
 # report
 
 
+# ---------------------------------------------------------------------------
+# peak RSS and the mirror fetch
+
+
+class PeakRss:
+    """The largest VmHWM of each server's processes, sampled every 20 ms while the block
+    runs (gitspout's one process keeps its own high-water mark; git-http-backend's CGI
+    processes are short-lived and a sample may miss one)."""
+
+    def __init__(self, servers: dict[str, BenchServer]) -> None:
+        self.servers = servers
+        self.peak: dict[str, int] = dict.fromkeys(servers, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        for name, srv in self.servers.items():
+            with contextlib.suppress(Exception):
+                hwm = max(srv.peak_rss_by_pid().values(), default=0)
+                self.peak[name] = max(self.peak[name], hwm)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def line(self, refs: int) -> str:
+        return (f"Peak RSS (VmHWM, largest process) over the CPU rows, {refs:,} refs: "
+                + ", ".join(f"{SERVER_LABEL[k]} {v / 2**20:.0f} MiB"
+                            for k, v in self.peak.items()))
+
+
+@dataclass
+class MirrorRow:
+    cpu_ms: dict[str, list[float]]
+    wall_ms: dict[str, list[float]]
+
+
+def _mirror_template(fx: Fixture) -> Path:
+    """``git clone --mirror`` of manyrefs.git (every ref: its haves come from all of
+    them), taken once and copied before each fetch."""
+    dest = fx.work / f"mirror-{fx.refs}"
+    if not dest.exists():
+        tmp = fx.work / f".mirror-{fx.refs}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        run_git(["clone", "-q", "--mirror", "--no-local", str(fx.root / fx.manyrefs), str(tmp)],
+                timeout=1200)
+        tmp.rename(dest)
+    return dest
+
+
+def measure_mirror(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
+                   scratch: Path) -> MirrorRow:
+    """A mirror fetch (v2) of manyrefs.git where one ref moved to a new commit since the
+    mirror was taken: the client has every other ref and sends haves from them. Each
+    round makes one more commit on ``refs/heads/zz-bench-mirror`` (on ``main``) and
+    fetches into a fresh copy of the mirror from each server in turn."""
+    template = _mirror_template(fx)
+    repo = fx.root / fx.manyrefs
+    row = MirrorRow({k: [] for k in servers}, {k: [] for k in servers})
+    parent = git_out(["--git-dir", str(repo), "rev-parse", "main"])
+    tree = git_out(["--git-dir", str(repo), "rev-parse", "main^{tree}"])
+    env = client_env({"GIT_AUTHOR_NAME": "B", "GIT_AUTHOR_EMAIL": "b@example.org",
+                      "GIT_COMMITTER_NAME": "B", "GIT_COMMITTER_EMAIL": "b@example.org"})
+    for i in range(rounds):
+        parent = git_out(["--git-dir", str(repo), "commit-tree", tree, "-p", parent, "-m",
+                          f"mirror round {i}"], env=env)
+        run_git(["--git-dir", str(repo), "update-ref", "refs/heads/zz-bench-mirror", parent])
+        for name, srv in servers.items():
+            dest = scratch / f"mirror-{uuid.uuid4().hex[:8]}"
+            shutil.copytree(template, dest, symlinks=True)
+            try:
+                run_git(["--git-dir", str(dest), "remote", "set-url", "origin",
+                         srv.repo_url(fx.manyrefs)])
+                baseline = set(srv.pids())
+                settle(srv, baseline)
+                srv.reset_counters()
+                t0 = time.monotonic()
+                run_git(["--git-dir", str(dest), "-c", "protocol.version=2", "fetch", "-q",
+                         "origin"], timeout=600)
+                wall = time.monotonic() - t0
+                settle(srv, baseline)
+                row.cpu_ms[name].append(srv.cpu_ns() / 1e6)
+                row.wall_ms[name].append(wall * 1e3)
+                got = git_out(["--git-dir", str(dest), "rev-parse", "refs/heads/zz-bench-mirror"])
+                if got != parent:
+                    raise RuntimeError(f"{name}: mirror fetch left {got}, expected {parent}")
+            finally:
+                shutil.rmtree(dest, ignore_errors=True)
+    run_git(["--git-dir", str(repo), "update-ref", "-d", "refs/heads/zz-bench-mirror"])
+    return row
+
+
+def mirror_table(row: MirrorRow, servers: Sequence[str]) -> str:
+    header = ["request", *(f"{SERVER_LABEL[s]} cpu ms" for s in servers),
+              *(f"{SERVER_LABEL[s]} wall ms" for s in servers)]
+    cells = ["mirror fetch, one ref moved", *(f"{median(row.cpu_ms[s]):.1f}" for s in servers),
+             *(f"{median(row.wall_ms[s]):.1f}" for s in servers)]
+    if "gitspout" in servers and "c-git" in servers:
+        ratio = median(row.cpu_ms["gitspout"]) / median(row.cpu_ms["c-git"])
+        header += ["cpu ratio", "<= 0.5x"]
+        cells += [f"{ratio:.2f}x", "yes" if ratio <= 0.5 else "NO"]
+    return table(header, [cells])
+
+
 def metadata_tables(rows: list[MetaRow]) -> str:
     header = ["unknown haves", "proto", "server", "HTTP requests", "metadata syscalls",
               "per request", f"<= {PER_REQUEST_BUDGET}/req"]
@@ -801,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="CPU rounds (median)")
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
-    ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu")
+    ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu,mirror")
     ap.add_argument("--states", default=",".join(STATES),
                     help="ref states of the CPU rows: " + ",".join(STATES))
     ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
@@ -846,12 +959,18 @@ def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
                    "first; cold = a ref changed after it; bound applies to gitspout) ==\n"
                    + write_table(wrows))
     if "cpu" not in skip:
-        crows = measure_cpu(servers, fx, args.rounds,
-                            [x for x in args.states.split(",") if x])
+        with PeakRss(servers) as rss:
+            crows = measure_cpu(servers, fx, args.rounds,
+                                [x for x in args.states.split(",") if x])
         out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
                    f"repository, median of {args.rounds} alternating rounds, one identical "
                    "request before each (cold: then a ref changed), no strace ==\n"
-                   + cpu_table(crows, kinds))
+                   + cpu_table(crows, kinds) + "\n\n" + rss.line(fx.refs))
+    if "mirror" not in skip:
+        mrow = measure_mirror(servers, fx, args.rounds, scratch)
+        out.append(f"== Server CPU of a mirror fetch (v2), {fx.refs:,}-ref repository, one "
+                   f"ref moved to a new commit, median of {args.rounds} rounds ==\n"
+                   + mirror_table(mrow, kinds))
 
 
 if __name__ == "__main__":

@@ -600,7 +600,9 @@ class _Reader:
             return _NO_PACKED
         last = self.cache.last_packed if self.dirs.enabled else None
         try:
-            data = _File(fd, self.fs)
+            f = _File(fd, self.fs)
+            # A small file in one read; a large one by blocks (see _File).
+            data: bytes | _File = f.read(0, f.size) if f.size <= BLOCK else f
             if last is not None and last.hex_len == self.hex_len:
                 # Validated by content: whatever the listing's stat says (racy or not),
                 # the file is compared with the last parse's segments.
