@@ -531,6 +531,7 @@ class MetaRow:
     server: str
     requests: int
     counts: dict[str, int] = field(default_factory=dict)
+    state: str = "warm"
 
     @property
     def total(self) -> int:
@@ -541,25 +542,54 @@ class MetaRow:
         return self.total / max(1, self.requests)
 
 
+class Pusher:
+    """Pushes one more commit into base.git, the ordinary way (loose objects and a loose
+    ``refs/heads/main``), from a clone kept for it."""
+
+    def __init__(self, fx: Fixture, scratch: Path) -> None:
+        self.fx = fx
+        self.work = scratch / "pusher"
+        self.n = 0
+
+    def __call__(self) -> str:
+        if not self.work.exists():
+            run_git(["clone", "-q", str(self.fx.root / self.fx.repo), str(self.work)])
+        self.n += 1
+        (self.work / "dir1" / "file1.txt").write_text(f"pushed {self.n}\n")
+        env = client_env({"GIT_AUTHOR_NAME": "S", "GIT_AUTHOR_EMAIL": "s@example.org",
+                          "GIT_COMMITTER_NAME": "S", "GIT_COMMITTER_EMAIL": "s@example.org"})
+        run_git(["-C", str(self.work), "commit", "-q", "-am", f"push {self.n}"], env=env)
+        run_git(["-C", str(self.work), "push", "-q", "origin", "main"])
+        return self.fx.new_tip
+
+
+METADATA_STATES = ("warm", "pushed")
+META_LABEL = {"warm": "warm (fetch repeated)", "pushed": "right after a push"}
+
+
 def measure_metadata(servers: dict[str, BenchServer], fx: Fixture, protocols: Sequence[int],
                      scratch: Path) -> list[MetaRow]:
-    """One warm-up and one straced fetch per (unknown, protocol, server)."""
-    tip = fx.new_tip
+    """One warm-up and one straced fetch per (state, unknown, protocol, server). State
+    ``warm``: the fetch repeats the warm-up; ``pushed``: a commit is pushed into base.git
+    between them (new loose objects and a loose ref, as after every push)."""
     rows: list[MetaRow] = []
-    for n in fx.unknowns:
-        for proto in protocols:
-            for kind, srv in servers.items():
-                url = srv.repo_url(fx.repo)
-                run_fetch(url, fx.client(n), scratch, proto, tip)        # warm-up
-                baseline = set(srv.pids())
-                settle(srv, baseline)
-                with Strace(srv.pids(), METADATA_SYSCALLS, scratch) as st:
-                    fr = run_fetch(url, fx.client(n), scratch, proto, tip)
+    push = Pusher(fx, scratch)
+    for state in METADATA_STATES:
+        for n in fx.unknowns:
+            for proto in protocols:
+                for kind, srv in servers.items():
+                    url = srv.repo_url(fx.repo)
+                    run_fetch(url, fx.client(n), scratch, proto, fx.new_tip)  # warm-up
+                    tip = push() if state == "pushed" else fx.new_tip
+                    baseline = set(srv.pids())
                     settle(srv, baseline)
-                rows.append(MetaRow(n, proto, kind, fr.requests, st.counts))
-                print(f"  fetch N={n} v{proto} {SERVER_LABEL[kind]}: {fr.requests} requests, "
-                      f"{rows[-1].total} metadata syscalls, {fr.wall_s:.2f}s (traced)",
-                      flush=True)
+                    with Strace(srv.pids(), METADATA_SYSCALLS, scratch) as st:
+                        fr = run_fetch(url, fx.client(n), scratch, proto, tip)
+                        settle(srv, baseline)
+                    rows.append(MetaRow(n, proto, kind, fr.requests, st.counts, state))
+                    print(f"  fetch {state} N={n} v{proto} {SERVER_LABEL[kind]}: "
+                          f"{fr.requests} requests, {rows[-1].total} metadata syscalls, "
+                          f"{fr.wall_s:.2f}s (traced)", flush=True)
     return rows
 
 
@@ -838,15 +868,16 @@ def mirror_table(row: MirrorRow, servers: Sequence[str]) -> str:
 
 
 def metadata_tables(rows: list[MetaRow]) -> str:
-    header = ["unknown haves", "proto", "server", "HTTP requests", "metadata syscalls",
+    header = ["state", "unknown haves", "proto", "server", "HTTP requests", "metadata syscalls",
               "per request", f"<= {PER_REQUEST_BUDGET}/req"]
-    body = [[f"{r.unknown:,}", f"v{r.protocol}", SERVER_LABEL[r.server], str(r.requests),
+    body = [[META_LABEL[r.state], f"{r.unknown:,}", f"v{r.protocol}", SERVER_LABEL[r.server],
+             str(r.requests),
              str(r.total), f"{r.per_request:.1f}",
              ("yes" if r.per_request <= PER_REQUEST_BUDGET else "NO")
              if r.server == "gitspout" else "-"] for r in rows]
     used = [s for s in METADATA_SYSCALLS if any(r.counts.get(s) for r in rows)]
-    header2 = ["unknown proto server", *used, "total"]
-    body2 = [[f"{r.unknown:,} v{r.protocol} {SERVER_LABEL[r.server]}",
+    header2 = ["state unknown proto server", *used, "total"]
+    body2 = [[f"{r.state} {r.unknown:,} v{r.protocol} {SERVER_LABEL[r.server]}",
               *(str(r.counts.get(s, 0)) for s in used), str(r.total)] for r in rows]
     return table(header, body) + "\n\nBy syscall (whole fetch):\n" + table(header2, body2)
 

@@ -7,6 +7,7 @@ live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their 
 
 from __future__ import annotations
 
+import binascii
 import threading
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from ..store.fscache import DirCache
 from ..store.fsops import FsOps
 from ..store.objformat import HASH_LEN
 from ..store.odb import ObjectSnapshot, PackRegistry
-from ..store.refs import RefSnapshot, read_ref_snapshot
+from ..store.refs import TIP_BYTES, RefSnapshot, read_ref_snapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
@@ -185,13 +186,21 @@ class RequestContext:
         per request: the want check, the shallow check and object-info all ask."""
         if self._tips is None:
             hide = self.config.hide_refs
-            oids = self.refs.visible_oids(hide)
+            snap = self.refs
+            key = (snap.state, tuple(hide))
+            cached = self.repo.ref_cache.tips.get(key) if snap.cacheable else None
+            if cached is not None:
+                self._tips = cached
+                return cached
+            oids = snap.visible_oids(hide)  # distinct, hex
             head = self.refs.head
             if head.oid is not None and not (hide and ref_is_hidden(b"HEAD", list(hide))):
-                oids.append(head.oid)
-            # One conversion of every id at C speed, then 20- or 32-byte slices.
-            raw = bytes.fromhex(b"".join(oids).decode("ascii"))
-            n = len(raw) // max(1, len(oids)) if oids else 0
-            self._tips = frozenset(raw[i:i + n] for i in range(0, len(raw), n)) if n \
-                else frozenset()
+                oids.add(head.oid)
+            try:
+                self._tips = frozenset(map(binascii.unhexlify, oids))
+            except binascii.Error as exc:  # a loose ref's content that is not an id
+                raise StorageError(f"a ref holds no object id: {exc}") from None
+            if snap.cacheable:  # one set per ref state: the next fetch reuses it
+                self.repo.ref_cache.tips.put(key, self._tips,
+                                             nbytes=TIP_BYTES * len(self._tips) + 200)
         return self._tips
