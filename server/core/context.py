@@ -187,8 +187,10 @@ class RequestContext:
         if self._tips is None:
             hide = self.config.hide_refs
             snap = self.refs
-            key = (snap.state, tuple(hide))
-            cached = self.repo.ref_cache.tips.get(key) if snap.cacheable else None
+            # Keyed by content: the segments (immutable, compared by identity) and HEAD,
+            # so a racy listing that read the same refs again finds it too.
+            key = (snap.segments, snap.head.oid, tuple(hide))
+            cached = self.repo.ref_cache.tips.get(key)
             if cached is not None:
                 self._tips = cached
                 return cached
@@ -200,7 +202,6 @@ class RequestContext:
                 self._tips = frozenset(map(binascii.unhexlify, oids))
             except binascii.Error as exc:  # a loose ref's content that is not an id
                 raise StorageError(f"a ref holds no object id: {exc}") from None
-            if snap.cacheable:  # one set per ref state: the next fetch reuses it
-                self.repo.ref_cache.tips.put(key, self._tips,
-                                             nbytes=TIP_BYTES * len(self._tips) + 200)
+            self.repo.ref_cache.tips.put(key, self._tips, nbytes=TIP_BYTES * len(self._tips)
+                                         + 8 * len(snap.segments) + 200)
         return self._tips
