@@ -65,7 +65,17 @@ class DirCache:
         ``nofollow`` is for a directory whose parent nobody listed (``objects/pack``,
         ``objects/info``): it is looked at with ``lstat()``, which costs the same, and when
         it turns out to be a symlink the guard checks where it leads (and a ``stat()``
-        gives the key of the directory it leads to)."""
+        gives the key of the directory it leads to).
+
+        A listing that cannot be trusted (racy: taken within ``RACY_NS`` of the
+        directory's mtime) is listed again by the next request, but not by this one: it
+        keeps it in ``fs.racy`` (one request, one view of the directory; right after a
+        push every request would otherwise list the git directory and its changed
+        directories more than once). Whoever needs a fresher look calls :meth:`forget`
+        with the request's ``fs``."""
+        mine = fs.racy.get(path)
+        if mine is not None:
+            return mine  # type: ignore[return-value]
         if nofollow:
             st = fs.lstat_or_none(path)
             if st is not None and stat.S_ISLNK(st.st_mode):
@@ -86,6 +96,8 @@ class DirCache:
         entries = tuple((e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found)
         links = frozenset(e.name for e in found if e.is_symlink())
         listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
+        if not listing.trusted and self.enabled:
+            fs.racy[path] = listing
         if self.enabled:
             # What a listing holds: the object, and per entry a tuple, a name and an inode.
             self._dirs.put(path, listing, nbytes=300 + 200 * len(listing.entries))
@@ -101,8 +113,11 @@ class DirCache:
         for name in listing.links if names is None else listing.links.intersection(names):
             self.guard.check_link(fs, os.path.join(dirpath, name))
 
-    def forget(self, path: str) -> None:
+    def forget(self, path: str, fs: FsOps | None = None) -> None:
+        """List ``path`` again next time (and in this request, given its ``fs``)."""
         self._dirs.pop(path)
+        if fs is not None:
+            fs.racy.pop(path, None)
 
     def forget_under(self, top: str) -> None:
         """Forget the listings and files of ``top`` and everything below it (a repository

@@ -16,10 +16,13 @@ __all__ = ["FsOps"]
 class FsOps:
     """Thin wrappers over ``os`` that count by kind: open, stat, listdir, read."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "racy")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        # Listings this request took that could not be trusted by their stat (racy): the
+        # request's own view, reused by it instead of listed again (fscache.DirCache).
+        self.racy: dict[str, object] = {}
 
     def stat(self, path: str) -> os.stat_result:
         self.counts["stat"] += 1

@@ -169,7 +169,7 @@ class ObjectSnapshot:
     def _listing(self, path: str, fresh: bool = False) -> Listing | None:
         if fresh:
             # A true miss: look at the directory itself, whatever the cache holds.
-            self.dirs.forget(path)
+            self.dirs.forget(path, self.fs)
         # lstat, not stat: objects/pack and objects/info are listed without their parent,
         # so this is where a symlink in their place is seen (and checked).
         return self.dirs.listing(self.fs, path, nofollow=True)

@@ -593,10 +593,14 @@ class _Reader:
 
     def packed(self, top: Listing, peel: Peeler) -> _PackedRefs:
         entry = top.names().get("packed-refs")
-        if entry is None:
+        if entry is None and top.trusted:
             return _NO_PACKED
-        key = (entry[1], top.key)
-        cached = self.cache.packed.get(key) if self.dirs.enabled else None
+        # An untrusted (racy) listing may be the one this request took before it walked
+        # the loose refs (fs.racy): packed-refs is then opened by path all the same, after
+        # them, and compared by content with the last parse (never taken from the cache,
+        # whose keys are trusted listings).
+        key = (entry[1] if entry is not None else None, top.key)
+        cached = self.cache.packed.get(key) if self.dirs.enabled and top.trusted else None
         if cached is not None:
             return cached
         # Not through the small-file cache: the parse keeps these bytes (the next version
