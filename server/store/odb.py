@@ -342,8 +342,10 @@ class ObjectSnapshot:
         try:
             raw = zlib.decompress(self.fs.read_file(path))
         except FileNotFoundError:
-            # Packed away by a concurrent gc: look again.
+            # Packed away by a concurrent gc: look again (at the directories themselves,
+            # not at this request's racy listings of them).
             self._loose = None
+            self._loose_fresh = True
             loc = self.locate(oid, needed=True)
             if loc is None or isinstance(loc, str):
                 raise MissingObject(oid) from None
