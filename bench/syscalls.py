@@ -29,6 +29,15 @@ exactly, so gitspout's cross-request caches answer) and *cold* (a loose ref
 of the repository changes between the warm-up and the measured request, on
 both servers, so nothing cached can be used).
 
+1 is measured *warm* (the fetch repeats the warm-up) and *right after a push*
+(a commit is pushed into base.git between them: loose objects, a loose ref, and
+every listing they changed inside the 2 s racy window).  3 also reports the
+peak RSS of each server over its rows, and (``--states ...,fresh``) the first
+request after gitspout restarted.  4. **Mirror fetch** (``--skip mirror`` to
+leave it out): a ``git clone --mirror`` of manyrefs.git, taken once; each round
+one ref moves to a new commit and each server serves a ``git fetch`` of it into
+a fresh copy of the mirror (haves from every ref); server CPU, median.
+
 The fixture (``bench/work/syscalls/``, reused unless ``--force``):
 
 * ``root/base.git``: a synthetic history of 500 commits over 48 files,
@@ -628,8 +637,10 @@ class WriteRow:
 
 
 STATES = ("warm", "cold", "packed", "racy")
+ALL_STATES = (*STATES, "fresh")  # fresh: only when asked for (it restarts gitspout)
 STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)",
-               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s"}
+               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s",
+               "fresh": "first request after a restart"}
 RACY_PERIOD = 0.5
 
 
@@ -681,8 +692,15 @@ class RefBumper:
 def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
              bump: RefBumper) -> set[int]:
     """Warm-up request, then (cold, packed) change the refs; returns the idle pid set.
-    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`.)"""
-    http_request(srv.port, kind, fx.manyrefs)
+    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`;
+    fresh: no warm-up, gitspout is restarted, so its first request for the repository
+    parses packed-refs and encodes every ref: git-http-backend always does.)"""
+    if state == "fresh":
+        if srv.name == "gitspout":
+            srv.stop()
+            srv.start()
+    else:
+        http_request(srv.port, kind, fx.manyrefs)
     if state == "cold":
         bump()
     elif state == "packed":
@@ -947,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
     ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu,mirror")
     ap.add_argument("--states", default=",".join(STATES),
-                    help="ref states of the CPU rows: " + ",".join(STATES))
+                    help="ref states of the CPU rows: " + ",".join(ALL_STATES))
     ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
                     help="gitspout revision to measure (a frozen copy); 'worktree' for the "
                          "working tree as it is at the start")
