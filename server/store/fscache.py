@@ -4,7 +4,12 @@ A directory's listing is reused while its (inode, mtime_ns, size) is unchanged: 
 replaces and removes refs, packs and loose objects by creating and renaming files, and
 every such change moves the directory's mtime. A listing taken within ``RACY_NS`` of the
 directory's mtime is not trusted (a second change in the same timestamp tick would go
-unseen), the same guard git uses for its index ("racy git").
+unseen), the same guard git uses for its index ("racy git"). On a local filesystem whose
+mtimes have sub-second digits (ext4, xfs, btrfs, tmpfs, overlay...: a tick is the kernel's
+coarse clock, a few ms, and the mtime comes from the clock this process reads) the window
+is ``LOCAL_RACY_NS``; anywhere else (NFS, FUSE, anything unknown, or an mtime in whole
+seconds) it stays ``RACY_NS``. The filesystem is told by the device number of the stat,
+looked up once in ``/proc/self/mountinfo``.
 
 Freshness is exactly that of ``stat()``. On NFS, attribute caching (``actimeo``,
 ``acdirmin``/``acdirmax``) may return an older mtime for a while; see README "NFS".
@@ -25,9 +30,39 @@ from .confine import LinkGuard
 from .fsops import FsOps
 from .lru import ByteLRU
 
-__all__ = ["DirCache", "Listing", "Entry", "RACY_NS"]
+__all__ = ["DirCache", "Listing", "Entry", "RACY_NS", "LOCAL_RACY_NS", "racy_window"]
 
 RACY_NS = 2_000_000_000  # NFS servers may keep mtimes to the second
+LOCAL_RACY_NS = 100_000_000  # local, fine-grained mtimes: ticks of a few ms, no clock skew
+LOCAL_FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "tmpfs", "overlay", "zfs",
+                               "f2fs", "bcachefs"})
+
+_FS_TYPES: dict[int, str] = {}  # st_dev -> filesystem type (from mountinfo)
+
+
+def _fs_type(dev: int, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the filesystem of device ``dev`` ("" when unknown)."""
+    found = _FS_TYPES.get(dev)
+    if found is None:
+        found = ""
+        want = f"{os.major(dev)}:{os.minor(dev)}"
+        try:
+            with open(mountinfo, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[2] == want and " - " in line:
+                        found = line.split(" - ", 1)[1].split()[0]
+        except OSError:
+            pass
+        _FS_TYPES[dev] = found
+    return found
+
+
+def racy_window(st: os.stat_result) -> int:
+    """How long after its mtime a directory's listing stays untrusted (see above)."""
+    if st.st_mtime_ns % 1_000_000_000 and _fs_type(st.st_dev) in LOCAL_FILESYSTEMS:
+        return LOCAL_RACY_NS
+    return RACY_NS
 
 Entry = tuple[str, int, bool]
 """(name, inode, is a directory) as getdents reports it."""
@@ -95,7 +130,7 @@ class DirCache:
         found = fs.scandir_or_empty(path)
         entries = tuple((e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found)
         links = frozenset(e.name for e in found if e.is_symlink())
-        listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
+        listing = Listing(key, entries, now - st.st_mtime_ns > racy_window(st), links)
         if not listing.trusted and self.enabled:
             fs.racy[path] = listing
         if self.enabled:
