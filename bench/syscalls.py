@@ -29,6 +29,15 @@ exactly, so gitspout's cross-request caches answer) and *cold* (a loose ref
 of the repository changes between the warm-up and the measured request, on
 both servers, so nothing cached can be used).
 
+1 is measured *warm* (the fetch repeats the warm-up) and *right after a push*
+(a commit is pushed into base.git between them: loose objects, a loose ref, and
+every listing they changed inside the 2 s racy window).  3 also reports the
+peak RSS of each server over its rows, and (``--states ...,fresh``) the first
+request after gitspout restarted.  4. **Mirror fetch** (``--skip mirror`` to
+leave it out): a ``git clone --mirror`` of manyrefs.git, taken once; each round
+one ref moves to a new commit and each server serves a ``git fetch`` of it into
+a fresh copy of the mirror (haves from every ref); server CPU, median.
+
 The fixture (``bench/work/syscalls/``, reused unless ``--force``):
 
 * ``root/base.git``: a synthetic history of 500 commits over 48 files,
@@ -531,6 +540,7 @@ class MetaRow:
     server: str
     requests: int
     counts: dict[str, int] = field(default_factory=dict)
+    state: str = "warm"
 
     @property
     def total(self) -> int:
@@ -541,25 +551,54 @@ class MetaRow:
         return self.total / max(1, self.requests)
 
 
+class Pusher:
+    """Pushes one more commit into base.git, the ordinary way (loose objects and a loose
+    ``refs/heads/main``), from a clone kept for it."""
+
+    def __init__(self, fx: Fixture, scratch: Path) -> None:
+        self.fx = fx
+        self.work = scratch / "pusher"
+        self.n = 0
+
+    def __call__(self) -> str:
+        if not self.work.exists():
+            run_git(["clone", "-q", str(self.fx.root / self.fx.repo), str(self.work)])
+        self.n += 1
+        (self.work / "dir1" / "file1.txt").write_text(f"pushed {self.n}\n")
+        env = client_env({"GIT_AUTHOR_NAME": "S", "GIT_AUTHOR_EMAIL": "s@example.org",
+                          "GIT_COMMITTER_NAME": "S", "GIT_COMMITTER_EMAIL": "s@example.org"})
+        run_git(["-C", str(self.work), "commit", "-q", "-am", f"push {self.n}"], env=env)
+        run_git(["-C", str(self.work), "push", "-q", "origin", "main"])
+        return self.fx.new_tip
+
+
+METADATA_STATES = ("warm", "pushed")
+META_LABEL = {"warm": "warm (fetch repeated)", "pushed": "right after a push"}
+
+
 def measure_metadata(servers: dict[str, BenchServer], fx: Fixture, protocols: Sequence[int],
                      scratch: Path) -> list[MetaRow]:
-    """One warm-up and one straced fetch per (unknown, protocol, server)."""
-    tip = fx.new_tip
+    """One warm-up and one straced fetch per (state, unknown, protocol, server). State
+    ``warm``: the fetch repeats the warm-up; ``pushed``: a commit is pushed into base.git
+    between them (new loose objects and a loose ref, as after every push)."""
     rows: list[MetaRow] = []
-    for n in fx.unknowns:
-        for proto in protocols:
-            for kind, srv in servers.items():
-                url = srv.repo_url(fx.repo)
-                run_fetch(url, fx.client(n), scratch, proto, tip)        # warm-up
-                baseline = set(srv.pids())
-                settle(srv, baseline)
-                with Strace(srv.pids(), METADATA_SYSCALLS, scratch) as st:
-                    fr = run_fetch(url, fx.client(n), scratch, proto, tip)
+    push = Pusher(fx, scratch)
+    for state in METADATA_STATES:
+        for n in fx.unknowns:
+            for proto in protocols:
+                for kind, srv in servers.items():
+                    url = srv.repo_url(fx.repo)
+                    run_fetch(url, fx.client(n), scratch, proto, fx.new_tip)  # warm-up
+                    tip = push() if state == "pushed" else fx.new_tip
+                    baseline = set(srv.pids())
                     settle(srv, baseline)
-                rows.append(MetaRow(n, proto, kind, fr.requests, st.counts))
-                print(f"  fetch N={n} v{proto} {SERVER_LABEL[kind]}: {fr.requests} requests, "
-                      f"{rows[-1].total} metadata syscalls, {fr.wall_s:.2f}s (traced)",
-                      flush=True)
+                    with Strace(srv.pids(), METADATA_SYSCALLS, scratch) as st:
+                        fr = run_fetch(url, fx.client(n), scratch, proto, tip)
+                        settle(srv, baseline)
+                    rows.append(MetaRow(n, proto, kind, fr.requests, st.counts, state))
+                    print(f"  fetch {state} N={n} v{proto} {SERVER_LABEL[kind]}: "
+                          f"{fr.requests} requests, {rows[-1].total} metadata syscalls, "
+                          f"{fr.wall_s:.2f}s (traced)", flush=True)
     return rows
 
 
@@ -598,8 +637,10 @@ class WriteRow:
 
 
 STATES = ("warm", "cold", "packed", "racy")
+ALL_STATES = (*STATES, "fresh")  # fresh: only when asked for (it restarts gitspout)
 STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)",
-               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s"}
+               "packed": "packed-refs rewritten", "racy": "a change every 0.5 s",
+               "fresh": "first request after a restart"}
 RACY_PERIOD = 0.5
 
 
@@ -651,8 +692,15 @@ class RefBumper:
 def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
              bump: RefBumper) -> set[int]:
     """Warm-up request, then (cold, packed) change the refs; returns the idle pid set.
-    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`.)"""
-    http_request(srv.port, kind, fx.manyrefs)
+    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`;
+    fresh: no warm-up, gitspout is restarted, so its first request for the repository
+    parses packed-refs and encodes every ref: git-http-backend always does.)"""
+    if state == "fresh":
+        if srv.name == "gitspout":
+            srv.stop()
+            srv.start()
+    else:
+        http_request(srv.port, kind, fx.manyrefs)
     if state == "cold":
         bump()
     elif state == "packed":
@@ -724,16 +772,130 @@ def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
 # report
 
 
+# ---------------------------------------------------------------------------
+# peak RSS and the mirror fetch
+
+
+class PeakRss:
+    """The largest VmHWM of each server's processes, sampled every 20 ms while the block
+    runs (gitspout's one process keeps its own high-water mark; git-http-backend's CGI
+    processes are short-lived and a sample may miss one)."""
+
+    def __init__(self, servers: dict[str, BenchServer]) -> None:
+        self.servers = servers
+        self.peak: dict[str, int] = dict.fromkeys(servers, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        for name, srv in self.servers.items():
+            with contextlib.suppress(Exception):
+                hwm = max(srv.peak_rss_by_pid().values(), default=0)
+                self.peak[name] = max(self.peak[name], hwm)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def line(self, refs: int) -> str:
+        return (f"Peak RSS (VmHWM, largest process) over the CPU rows, {refs:,} refs: "
+                + ", ".join(f"{SERVER_LABEL[k]} {v / 2**20:.0f} MiB"
+                            for k, v in self.peak.items()))
+
+
+@dataclass
+class MirrorRow:
+    cpu_ms: dict[str, list[float]]
+    wall_ms: dict[str, list[float]]
+
+
+def _mirror_template(fx: Fixture) -> Path:
+    """``git clone --mirror`` of manyrefs.git (every ref: its haves come from all of
+    them), taken once and copied before each fetch."""
+    dest = fx.work / f"mirror-{fx.refs}"
+    if not dest.exists():
+        tmp = fx.work / f".mirror-{fx.refs}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        run_git(["clone", "-q", "--mirror", "--no-local", str(fx.root / fx.manyrefs), str(tmp)],
+                timeout=1200)
+        tmp.rename(dest)
+    return dest
+
+
+def measure_mirror(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
+                   scratch: Path) -> MirrorRow:
+    """A mirror fetch (v2) of manyrefs.git where one ref moved to a new commit since the
+    mirror was taken: the client has every other ref and sends haves from them. Each
+    round makes one more commit on ``refs/heads/zz-bench-mirror`` (on ``main``) and
+    fetches into a fresh copy of the mirror from each server in turn."""
+    template = _mirror_template(fx)
+    repo = fx.root / fx.manyrefs
+    row = MirrorRow({k: [] for k in servers}, {k: [] for k in servers})
+    parent = git_out(["--git-dir", str(repo), "rev-parse", "main"])
+    tree = git_out(["--git-dir", str(repo), "rev-parse", "main^{tree}"])
+    env = client_env({"GIT_AUTHOR_NAME": "B", "GIT_AUTHOR_EMAIL": "b@example.org",
+                      "GIT_COMMITTER_NAME": "B", "GIT_COMMITTER_EMAIL": "b@example.org"})
+    for i in range(rounds):
+        parent = git_out(["--git-dir", str(repo), "commit-tree", tree, "-p", parent, "-m",
+                          f"mirror round {i}"], env=env)
+        run_git(["--git-dir", str(repo), "update-ref", "refs/heads/zz-bench-mirror", parent])
+        for name, srv in servers.items():
+            dest = scratch / f"mirror-{uuid.uuid4().hex[:8]}"
+            shutil.copytree(template, dest, symlinks=True)
+            try:
+                run_git(["--git-dir", str(dest), "remote", "set-url", "origin",
+                         srv.repo_url(fx.manyrefs)])
+                baseline = set(srv.pids())
+                settle(srv, baseline)
+                srv.reset_counters()
+                t0 = time.monotonic()
+                run_git(["--git-dir", str(dest), "-c", "protocol.version=2", "fetch", "-q",
+                         "origin"], timeout=600)
+                wall = time.monotonic() - t0
+                settle(srv, baseline)
+                row.cpu_ms[name].append(srv.cpu_ns() / 1e6)
+                row.wall_ms[name].append(wall * 1e3)
+                got = git_out(["--git-dir", str(dest), "rev-parse", "refs/heads/zz-bench-mirror"])
+                if got != parent:
+                    raise RuntimeError(f"{name}: mirror fetch left {got}, expected {parent}")
+            finally:
+                shutil.rmtree(dest, ignore_errors=True)
+    run_git(["--git-dir", str(repo), "update-ref", "-d", "refs/heads/zz-bench-mirror"])
+    return row
+
+
+def mirror_table(row: MirrorRow, servers: Sequence[str]) -> str:
+    header = ["request", *(f"{SERVER_LABEL[s]} cpu ms" for s in servers),
+              *(f"{SERVER_LABEL[s]} wall ms" for s in servers)]
+    cells = ["mirror fetch, one ref moved", *(f"{median(row.cpu_ms[s]):.1f}" for s in servers),
+             *(f"{median(row.wall_ms[s]):.1f}" for s in servers)]
+    if "gitspout" in servers and "c-git" in servers:
+        ratio = median(row.cpu_ms["gitspout"]) / median(row.cpu_ms["c-git"])
+        header += ["cpu ratio", "<= 0.5x"]
+        cells += [f"{ratio:.2f}x", "yes" if ratio <= 0.5 else "NO"]
+    return table(header, [cells])
+
+
 def metadata_tables(rows: list[MetaRow]) -> str:
-    header = ["unknown haves", "proto", "server", "HTTP requests", "metadata syscalls",
+    header = ["state", "unknown haves", "proto", "server", "HTTP requests", "metadata syscalls",
               "per request", f"<= {PER_REQUEST_BUDGET}/req"]
-    body = [[f"{r.unknown:,}", f"v{r.protocol}", SERVER_LABEL[r.server], str(r.requests),
+    body = [[META_LABEL[r.state], f"{r.unknown:,}", f"v{r.protocol}", SERVER_LABEL[r.server],
+             str(r.requests),
              str(r.total), f"{r.per_request:.1f}",
              ("yes" if r.per_request <= PER_REQUEST_BUDGET else "NO")
              if r.server == "gitspout" else "-"] for r in rows]
     used = [s for s in METADATA_SYSCALLS if any(r.counts.get(s) for r in rows)]
-    header2 = ["unknown proto server", *used, "total"]
-    body2 = [[f"{r.unknown:,} v{r.protocol} {SERVER_LABEL[r.server]}",
+    header2 = ["state unknown proto server", *used, "total"]
+    body2 = [[f"{r.state} {r.unknown:,} v{r.protocol} {SERVER_LABEL[r.server]}",
               *(str(r.counts.get(s, 0)) for s in used), str(r.total)] for r in rows]
     return table(header, body) + "\n\nBy syscall (whole fetch):\n" + table(header2, body2)
 
@@ -801,9 +963,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="CPU rounds (median)")
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--force", action="store_true", help="rebuild the fixture")
-    ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu")
+    ap.add_argument("--skip", default="", help="comma list of: metadata,writes,cpu,mirror")
     ap.add_argument("--states", default=",".join(STATES),
-                    help="ref states of the CPU rows: " + ",".join(STATES))
+                    help="ref states of the CPU rows: " + ",".join(ALL_STATES))
     ap.add_argument("--gitspout-rev", default="HEAD", metavar="REV",
                     help="gitspout revision to measure (a frozen copy); 'worktree' for the "
                          "working tree as it is at the start")
@@ -846,12 +1008,18 @@ def measure_all(args: argparse.Namespace, fx: Fixture, kinds: Sequence[str],
                    "first; cold = a ref changed after it; bound applies to gitspout) ==\n"
                    + write_table(wrows))
     if "cpu" not in skip:
-        crows = measure_cpu(servers, fx, args.rounds,
-                            [x for x in args.states.split(",") if x])
+        with PeakRss(servers) as rss:
+            crows = measure_cpu(servers, fx, args.rounds,
+                                [x for x in args.states.split(",") if x])
         out.append(f"== Server CPU (cgroup, children included), {fx.refs:,}-ref "
                    f"repository, median of {args.rounds} alternating rounds, one identical "
                    "request before each (cold: then a ref changed), no strace ==\n"
-                   + cpu_table(crows, kinds))
+                   + cpu_table(crows, kinds) + "\n\n" + rss.line(fx.refs))
+    if "mirror" not in skip:
+        mrow = measure_mirror(servers, fx, args.rounds, scratch)
+        out.append(f"== Server CPU of a mirror fetch (v2), {fx.refs:,}-ref repository, one "
+                   f"ref moved to a new commit, median of {args.rounds} rounds ==\n"
+                   + mirror_table(mrow, kinds))
 
 
 if __name__ == "__main__":

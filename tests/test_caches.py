@@ -69,3 +69,33 @@ def test_metrics_export_lookups_and_evictions_by_name() -> None:
     assert f'gitspout_cache_evictions_total{{cache="{name}"}} 1.0' in text
     assert f'gitspout_cache_lookups_total{{cache="{name}",result="miss"}} 1.0' in text
     assert f'gitspout_cache_lookups_total{{cache="{name}",result="hit"}} 0.0' in text
+
+
+def test_racy_window_is_short_only_on_local_fine_grained_filesystems(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A listing is trusted 100 ms after its directory's mtime on a local filesystem with
+    sub-second mtimes, 2 s anywhere else (NFS, FUSE, unknown, whole-second mtimes)."""
+    import os
+    import types
+
+    from gitspout.server.store import fscache as F
+
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+        "40 22 0:51 / /srv/nfs rw - nfs4 server:/export rw,vers=4.2\n"
+        "41 22 0:52 / /srv/fuse rw - fuse.latencyfs latencyfs rw\n")
+    for dev, kind in ((os.makedev(8, 1), "ext4"), (os.makedev(0, 51), "nfs4"),
+                      (os.makedev(0, 52), "fuse.latencyfs"), (os.makedev(9, 9), "")):
+        F._FS_TYPES.pop(dev, None)
+        assert F._fs_type(dev, str(info)) == kind
+    try:
+        def st(dev: int, mtime_ns: int) -> os.stat_result:
+            return types.SimpleNamespace(st_dev=dev, st_mtime_ns=mtime_ns)  # type: ignore[return-value]
+
+        assert F.racy_window(st(os.makedev(8, 1), 1_700_000_000_123_456_789)) == F.LOCAL_RACY_NS
+        assert F.racy_window(st(os.makedev(8, 1), 1_700_000_000_000_000_000)) == F.RACY_NS
+        for dev in (os.makedev(0, 51), os.makedev(0, 52), os.makedev(9, 9)):
+            assert F.racy_window(st(dev, 1_700_000_000_123_456_789)) == F.RACY_NS
+    finally:
+        for dev in (os.makedev(8, 1), os.makedev(0, 51), os.makedev(0, 52), os.makedev(9, 9)):
+            F._FS_TYPES.pop(dev, None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from gitspout.protocol.refs import Ref
 from gitspout.server.store import refs as R
 from gitspout.server.store.errors import StorageError
@@ -28,7 +27,7 @@ def _file(entries: dict[bytes, tuple[bytes, bytes | None]], header: bytes) -> by
 
 
 def _refs(p: R._PackedRefs) -> list[Ref]:
-    return [r for s in p.segments for r in s.segment.refs]
+    return [r for s in p.segments for r in s.refs()]
 
 
 def _no_peel(oid: bytes) -> bytes | None:
@@ -61,11 +60,10 @@ def test_diffed_parse_equals_full_parse_and_reuses_segments() -> None:
         diffed = R._reparse_packed_refs(parsed, new, HEX, _no_peel)
         full = R._parse_packed_refs(new, HEX, _no_peel)
         assert _refs(diffed) == _refs(full), step
-        assert all(new[s.start - 1:s.start] == b"\n" for s in diffed.segments), step
-        for s in diffed.segments:
-            assert new[s.start:s.end].split(b" ", 1)[0] == s.segment.refs[0].oid
+        # The segments are the file's own lines, in order: nothing else of it is kept.
+        assert HEADER + b"".join(s.raw for s in diffed.segments) == new, step
         if op != 3:
-            reused = {id(s.segment) for s in parsed.segments} & {id(s.segment) for s in diffed.segments}
+            reused = {id(s) for s in parsed.segments} & {id(s) for s in diffed.segments}
             assert len(reused) >= len(parsed.segments) - 2, step
         parsed = diffed
         for name in rng.sample(sorted(entries), 5):
@@ -81,15 +79,40 @@ def test_header_change_and_unsorted_file_parse_fully() -> None:
     peels: list[bytes] = []
     diffed = R._reparse_packed_refs(old, new, HEX, lambda o: peels.append(o) or None)
     assert not diffed.fully_peeled and _refs(diffed) == _refs(old)
-    unpeeled = {name: (oid, None) for name, (oid, _) in entries.items()}
-    unsorted = b"".join(reversed(_file(unpeeled, b"").splitlines(keepends=True)))
+    unsorted = b"".join(_file({n: entries[n]}, b"") for n in reversed(sorted(entries)))
     p = R._parse_packed_refs(unsorted, HEX, _no_peel)
     assert not p.diffable and [r.name for r in _refs(p)] == sorted(entries)
-    # reversed with its ^ lines, each now before its tag: C git dies on such a file
-    # ("unexpected line in packed-refs"), and so is it a storage fault here
-    with pytest.raises(StorageError, match="unexpected line"):
-        R._parse_packed_refs(b"".join(reversed(_file(entries, b"").splitlines(keepends=True))),
-                             HEX, _no_peel)
+    assert [r.peeled for r in _refs(p)] == [entries[n][1] for n in sorted(entries)]
+
+
+def test_garbage_lines_raise_storage_error() -> None:
+    """A line of packed-refs that is no entry fails the request as a storage fault (C git
+    dies on it too), whether the file is parsed whole or diffed against its last parse."""
+    rng = random.Random(8)
+    entries = {b"refs/heads/b%05d" % i: (_oid(rng), None) for i in range(3000)}
+    good = _file(entries, HEADER)
+    old = R._parse_packed_refs(good, HEX, _no_peel)
+    at = good.index(b" refs/heads/b01500\n") - HEX  # the start of that line
+    peel = b"^" + _oid(rng) + b"\n"
+    for garbage in (b"not a ref line\n", b"\n", peel + peel,
+                    b"z" * 40 + b" refs/heads/zz\n", _oid(rng) + b" \n",
+                    b"# comment\n", _oid(rng)[:-1] + b" refs/heads/short\n"):
+        bad = good[:at] + garbage + good[at:]
+        # Checked when the refs are first used (the split that encodes them anyway).
+        for parse in (lambda d: _refs(R._parse_packed_refs(d, HEX, _no_peel)),
+                      lambda d: _refs(R._reparse_packed_refs(old, d, HEX, _no_peel))):
+            try:
+                parse(bad)
+            except StorageError as exc:
+                assert "packed-refs" in str(exc)
+            else:
+                raise AssertionError(f"{garbage!r} was accepted")
+    try:
+        R._parse_packed_refs(good[:-1], HEX, _no_peel)
+    except StorageError as exc:
+        assert "unterminated" in str(exc)
+    else:
+        raise AssertionError("an unterminated last line was accepted")
 
 
 def test_loose_refs_merge_into_their_segment_only() -> None:
@@ -102,9 +125,9 @@ def test_loose_refs_merge_into_their_segment_only() -> None:
                                       b"refs/heads/b00010": None,
                                       b"refs/heads/new": Ref(b"refs/heads/new", a)}
     segs = R._segments_of(packed, loose, cache)
-    base = [s.segment for s in packed.segments]
+    base = list(packed.segments)
     assert sum(s not in base for s in segs) == 3
-    refs = [r for s in segs for r in s.refs]
+    refs = [r for s in segs for r in s.refs()]
     want = {n: Ref(n, o) for n, (o, _) in entries.items()}
     del want[b"refs/heads/b00010"]
     want[b"refs/heads/b02500"] = Ref(b"refs/heads/b02500", a)
@@ -112,3 +135,43 @@ def test_loose_refs_merge_into_their_segment_only() -> None:
     assert refs == [want[n] for n in sorted(want)]
     again = R._segments_of(packed, dict(loose), cache)
     assert all(x is y for x, y in zip(segs, again, strict=True))
+
+
+def test_file_read_by_blocks_parses_and_diffs_as_bytes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """packed-refs read from its file a block at a time (blocks much smaller than the
+    file, so entries straddle them) gives the parse and the diff of the bytes in memory."""
+    monkeypatch.setattr(R, "BLOCK", 3000)
+    rng = random.Random(12)
+    entries = {b"refs/tags/t%05d" % i: (_oid(rng), _oid(rng) if i % 3 else None)
+               for i in range(4000)}
+    path = tmp_path / "packed-refs"
+    fs = R.FsOps()
+
+    def parse_file(old: R._PackedRefs | None) -> R._PackedRefs:
+        fd = fs.open_or_none(str(path))
+        assert fd is not None
+        try:
+            f = R._File(fd, fs)
+            return R._parse_packed_refs(f, HEX, _no_peel) if old is None else \
+                R._reparse_packed_refs(old, f, HEX, _no_peel)
+        finally:
+            import os
+            os.close(fd)
+
+    path.write_bytes(_file(entries, HEADER))
+    parsed = parse_file(None)
+    assert _refs(parsed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+    for step in range(20):
+        names = sorted(entries)
+        if step % 5 == 4:
+            del entries[rng.choice(names)]
+        else:
+            entries[rng.choice(names)] = (_oid(rng), _oid(rng) if step % 2 else None)
+        path.write_bytes(_file(entries, HEADER))
+        diffed = parse_file(parsed)
+        assert HEADER + b"".join(s.raw for s in diffed.segments) == path.read_bytes(), step
+        assert _refs(diffed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+        reused = {id(s) for s in parsed.segments} & {id(s) for s in diffed.segments}
+        assert len(reused) >= len(parsed.segments) - 3, step
+        parsed = diffed
+    assert parse_file(parsed) is parsed  # unchanged: the same parse

@@ -138,8 +138,11 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     seg = segmented() if segmented is not None and ctx.dirs.enabled else None
     if seg is not None:
         whole = _from_segments(ctx, seg, preamble)
-        if ctx.refs_cacheable(kind):
-            ctx.repo.ref_cache.encoded.put(key, whole)
+        # A large answer is not kept whole: its chunks are the segments' encodings, kept
+        # (and counted) in ref_encodings, and joining them again costs a lookup each.
+        size = sum(len(c) for c in whole)
+        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES:
+            ctx.repo.ref_cache.encoded.put(key, whole, nbytes=size + 40 * len(whole))
         return whole
     buf = PktBuffer()
     chunks: list[bytes] = []
@@ -169,10 +172,41 @@ def _reachable_subset(ctx: RequestContext, oids: Sequence[bytes]) -> set[bytes]:
     return reachable_subset(ctx.src, oids, ctx.tips(), ctx.registry.reach_cache)
 
 
+WHOLE_ANSWER_BYTES = 1 << 20
+"""Answers up to this size are also kept whole (advertisements); larger ones are joined
+from the segments' encodings (ref_encodings) at each request."""
+
+_PLAIN = ("plain",)  # the key of a segment's lines where v0 and ls-refs agree
+
+
+def _pkt_prefixes() -> list[bytes]:
+    return [b"%04x" % (n + 5) for n in range(65516 - 5)]
+
+
+_NEWLINE = [b"\n"]
+_PKT_PREFIX = _pkt_prefixes()  # a line of n bytes (newline excluded): its pkt-line header
+
+
+def _plain_lines(segment: RefSegment) -> bytes:
+    """The pkt-lines ``<oid> <name>\n`` of a segment without peeled or symbolic refs: its
+    packed-refs lines each behind its length, made without a Ref object (C speed)."""
+    lines = segment.lines()
+    n = len(lines)
+    out = [b""] * (3 * n)  # header, line, newline: filled by slices, joined once
+    try:
+        out[0::3] = [_PKT_PREFIX[len(ln)] for ln in lines]
+    except IndexError:  # a line no pkt-line holds: encode_pkt says so
+        return b"".join(map(encode_pkt, (ln + b"\n" for ln in lines)))
+    out[1::3] = lines
+    out[2::3] = _NEWLINE * n
+    return b"".join(out)
+
+
 def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes]) -> list[bytes]:
     """The body: preamble, first part, each segment's kept encoding (made when missing),
     flush; pieces are joined into chunks of at least 32 KiB (a segment is about that)."""
     hide = tuple(ctx.config.hide_refs)
+    encodings = ctx.repo.ref_cache.encodings
     ekey = (seg.key, hide)
     head = [encode_pkt(p) for p in preamble]
     if preamble:
@@ -187,16 +221,25 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
         # A segment wholly under one prefix (sorted: its first and last names are) is
         # encoded as without prefixes; another one is filtered and kept apart.
         whole = not prefixes or _under_one(segment, prefixes)
-        k = ekey if whole else pkey
-        body = segment.encoded.get(k)
+        if whole and not hide and segment.plain:
+            k: tuple[object, ...] = _PLAIN  # the same lines in v0 and in ls-refs
+        else:
+            k = ekey if whole else pkey
+        body = encodings.get((segment, k))
         if body is None:
-            refs: Iterable[Ref] = segment.refs
-            if not whole:
-                refs = [r for r in refs if ref_matches_prefixes(r.name, prefixes)]
-            if hide:
-                patterns = list(hide)
-                refs = [r for r in refs if not ref_is_hidden(r.name, patterns)]
-            body = segment.encoded[k] = b"".join(map(encode_pkt, seg.refs(refs)))
+            if k is _PLAIN:
+                body = _plain_lines(segment)
+            else:
+                refs: Iterable[Ref] = segment.refs()
+                if not whole:
+                    refs = [r for r in refs if ref_matches_prefixes(r.name, prefixes)]
+                if hide:
+                    patterns = list(hide)
+                    refs = [r for r in refs if not ref_is_hidden(r.name, patterns)]
+                body = b"".join(map(encode_pkt, seg.refs(refs)))
+            # Counted in --cache-memory; the key holds the segment (counted where it is
+            # held: the packed parse, merged segments, snapshots).
+            encodings.put((segment, k), body, len(body) + 120)
         if not body:
             continue
         pieces.append(body)
@@ -210,10 +253,9 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
 
 
 def _under_one(segment: RefSegment, prefixes: Sequence[bytes]) -> bool:
-    refs = segment.refs
-    if not refs:
+    if not segment.raw:
         return True
-    first, last = refs[0].name, refs[-1].name
+    first, last = segment.first, segment.last
     return any(first.startswith(p) and last.startswith(p) for p in prefixes)
 
 

@@ -7,6 +7,7 @@ live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their 
 
 from __future__ import annotations
 
+import binascii
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gitspout.protocol.errors import ClientError
-from gitspout.protocol.refs import HeadInfo, Ref
+from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from ..graph.commits import CommitSource
 from ..store.errors import StorageError
@@ -23,7 +24,7 @@ from ..store.fscache import DirCache
 from ..store.fsops import FsOps
 from ..store.objformat import HASH_LEN
 from ..store.odb import ObjectSnapshot, PackRegistry
-from ..store.refs import RefSnapshot, read_ref_snapshot
+from ..store.refs import TIP_BYTES, RefSnapshot, read_ref_snapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
@@ -58,6 +59,7 @@ class RequestContext:
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
+    _visible: tuple[HeadInfo | None, list[Ref]] | None = None
 
     # Who still uses this context: the handler, and each pool job running for it. The
     # packs the request froze are leased until the last of them lets go (store/registry.py).
@@ -140,7 +142,29 @@ class RequestContext:
         return result or None
 
     def visible(self) -> tuple[HeadInfo | None, list[Ref]]:
-        return self.refs.visible(self.config.hide_refs)
+        """HEAD and the visible refs as Ref objects, made once per request (at 100k refs
+        that is 0.1 s: the hot paths use :meth:`tips`, :meth:`visible_ref` instead)."""
+        if self._visible is None:
+            self._visible = self.refs.visible(self.config.hide_refs)
+        return self._visible
+
+    def visible_ref(self, name: bytes) -> Ref | None:
+        """The visible ref called ``name`` (``HEAD`` included), or None."""
+        hide = list(self.config.hide_refs)
+        if name == b"HEAD":
+            head = self.refs.head
+            if head.oid is None or (hide and ref_is_hidden(b"HEAD", hide)):
+                return None
+            return Ref(b"HEAD", head.oid)
+        if hide and ref_is_hidden(name, hide):
+            return None
+        return self.refs.get(name)
+
+    def visible_under(self, prefix: bytes) -> list[Ref]:
+        """The visible refs whose names start with ``prefix``."""
+        hide = list(self.config.hide_refs)
+        refs = self.refs.select((prefix,))
+        return [r for r in refs if not ref_is_hidden(r.name, hide)] if hide else refs
 
     def timed(self, phase: str, start: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - start
@@ -173,9 +197,23 @@ class RequestContext:
         Ref values are hex (as read and advertised); this is where they become binary, once
         per request: the want check, the shallow check and object-info all ask."""
         if self._tips is None:
-            head, refs = self.visible()
-            tips = {bytes.fromhex(r.oid.decode()) for r in refs}
-            if head is not None and head.oid is not None:
-                tips.add(bytes.fromhex(head.oid.decode()))
-            self._tips = frozenset(tips)
+            hide = self.config.hide_refs
+            snap = self.refs
+            # Keyed by content: the segments (immutable, compared by identity) and HEAD,
+            # so a racy listing that read the same refs again finds it too.
+            key = (snap.segments, snap.head.oid, tuple(hide))
+            cached = self.repo.ref_cache.tips.get(key)
+            if cached is not None:
+                self._tips = cached
+                return cached
+            oids = snap.visible_oids(hide)  # distinct, hex
+            head = self.refs.head
+            if head.oid is not None and not (hide and ref_is_hidden(b"HEAD", list(hide))):
+                oids.add(head.oid)
+            try:
+                self._tips = frozenset(map(binascii.unhexlify, oids))
+            except binascii.Error as exc:  # a loose ref's content that is not an id
+                raise StorageError(f"a ref holds no object id: {exc}") from None
+            self.repo.ref_cache.tips.put(key, self._tips, nbytes=TIP_BYTES * len(self._tips)
+                                         + 8 * len(snap.segments) + 200)
         return self._tips

@@ -70,11 +70,11 @@ def _check_filter(cfg: RepoConfig, spec: FilterSpec | None) -> None:
                     f"but got {leaf.depth}")
 
 
-def _expand_ref(name: bytes, refs: dict[bytes, Ref]) -> Ref:
+def _expand_ref(name: bytes, ctx: RequestContext) -> Ref:
     """refs.c expand_ref's rules (the dwim a client may lean on for deepen-not)."""
     rules = [b"%s", b"refs/%s", b"refs/tags/%s", b"refs/heads/%s", b"refs/remotes/%s",
              b"refs/remotes/%s/HEAD"]
-    found = [refs[r % name] for r in rules if (r % name) in refs]
+    found = [r for r in (ctx.visible_ref(rule % name) for rule in rules) if r is not None]
     if len(found) > 1 and len({f.oid for f in found}) > 1:
         raise Refusal(f"git upload-pack: ambiguous deepen-not: {name.decode('utf-8', 'replace')}")
     if not found:
@@ -90,14 +90,10 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
         if not cfg.allow_filter:
             raise Refusal("git upload-pack: filtering capability not negotiated")
         _check_filter(cfg, req.filter)
-    head, refs = ctx.visible()
-    by_name = {r.name: r for r in refs}
     wants = list(req.wants)
     wanted_refs: list[tuple[bytes, bytes]] = []
-    if head is not None and head.oid is not None:
-        by_name.setdefault(b"HEAD", Ref(b"HEAD", head.oid))
     for name in req.want_refs:
-        ref = by_name.get(name)
+        ref = ctx.visible_ref(name)
         if ref is None:
             raise Refusal(f"unknown ref {name.decode('utf-8', 'replace')}")
         wanted_refs.append((name, ref.oid))
@@ -105,7 +101,7 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     _check_want_policy(ctx, wants)
     src = ctx.src
     client_shallows = _known_commits(ctx, req.shallows)
-    deepen_not = [bytes.fromhex(_expand_ref(n, by_name).oid.decode()) for n in req.deepen_not]
+    deepen_not = [bytes.fromhex(_expand_ref(n, ctx).oid.decode()) for n in req.deepen_not]
     try:
         shallow = plan_shallow(src, req, wants, client_shallows, deepen_not)
     except ObjectStoreError as exc:

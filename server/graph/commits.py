@@ -124,6 +124,8 @@ class CommitSource:
     def object_type(self, oid: bytes) -> int:
         if oid in self._commits:
             return OBJ_COMMIT
+        if self.graph is not None and self.graph.find(oid) >= 0:
+            return OBJ_COMMIT  # the commit-graph lists only commits: no pack lookup
         found = self.odb.object_size(oid)
         if found is None:
             raise MissingObject(oid)

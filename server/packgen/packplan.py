@@ -32,11 +32,10 @@ __all__ = ["build_pack_source", "iter_pack"]
 
 def _tag_refs(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     """(tag object, peeled target) of visible refs/tags/* for include-tag."""
-    _, refs = ctx.visible()
     return [
         (bytes.fromhex(r.oid.decode()), bytes.fromhex(r.peeled.decode()))
-        for r in refs
-        if r.name.startswith(b"refs/tags/") and r.peeled is not None
+        for r in ctx.visible_under(b"refs/tags/")
+        if r.peeled is not None
     ]
 
 

@@ -4,7 +4,12 @@ A directory's listing is reused while its (inode, mtime_ns, size) is unchanged: 
 replaces and removes refs, packs and loose objects by creating and renaming files, and
 every such change moves the directory's mtime. A listing taken within ``RACY_NS`` of the
 directory's mtime is not trusted (a second change in the same timestamp tick would go
-unseen), the same guard git uses for its index ("racy git").
+unseen), the same guard git uses for its index ("racy git"). On a local filesystem whose
+mtimes have sub-second digits (ext4, xfs, btrfs, tmpfs, overlay...: a tick is the kernel's
+coarse clock, a few ms, and the mtime comes from the clock this process reads) the window
+is ``LOCAL_RACY_NS``; anywhere else (NFS, FUSE, anything unknown, or an mtime in whole
+seconds) it stays ``RACY_NS``. The filesystem is told by the device number of the stat,
+looked up once in ``/proc/self/mountinfo``.
 
 Freshness is exactly that of ``stat()``. On NFS, attribute caching (``actimeo``,
 ``acdirmin``/``acdirmax``) may return an older mtime for a while; see README "NFS".
@@ -25,9 +30,39 @@ from .confine import LinkGuard
 from .fsops import FsOps
 from .lru import ByteLRU
 
-__all__ = ["DirCache", "Listing", "Entry", "RACY_NS"]
+__all__ = ["DirCache", "Listing", "Entry", "RACY_NS", "LOCAL_RACY_NS", "racy_window"]
 
 RACY_NS = 2_000_000_000  # NFS servers may keep mtimes to the second
+LOCAL_RACY_NS = 100_000_000  # local, fine-grained mtimes: ticks of a few ms, no clock skew
+LOCAL_FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "tmpfs", "overlay", "zfs",
+                               "f2fs", "bcachefs"})
+
+_FS_TYPES: dict[int, str] = {}  # st_dev -> filesystem type (from mountinfo)
+
+
+def _fs_type(dev: int, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the filesystem of device ``dev`` ("" when unknown)."""
+    found = _FS_TYPES.get(dev)
+    if found is None:
+        found = ""
+        want = f"{os.major(dev)}:{os.minor(dev)}"
+        try:
+            with open(mountinfo, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[2] == want and " - " in line:
+                        found = line.split(" - ", 1)[1].split()[0]
+        except OSError:
+            pass
+        _FS_TYPES[dev] = found
+    return found
+
+
+def racy_window(st: os.stat_result) -> int:
+    """How long after its mtime a directory's listing stays untrusted (see above)."""
+    if st.st_mtime_ns % 1_000_000_000 and _fs_type(st.st_dev) in LOCAL_FILESYSTEMS:
+        return LOCAL_RACY_NS
+    return RACY_NS
 
 Entry = tuple[str, int, bool]
 """(name, inode, is a directory) as getdents reports it."""
@@ -65,7 +100,17 @@ class DirCache:
         ``nofollow`` is for a directory whose parent nobody listed (``objects/pack``,
         ``objects/info``): it is looked at with ``lstat()``, which costs the same, and when
         it turns out to be a symlink the guard checks where it leads (and a ``stat()``
-        gives the key of the directory it leads to)."""
+        gives the key of the directory it leads to).
+
+        A listing that cannot be trusted (racy: taken within ``RACY_NS`` of the
+        directory's mtime) is listed again by the next request, but not by this one: it
+        keeps it in ``fs.racy`` (one request, one view of the directory; right after a
+        push every request would otherwise list the git directory and its changed
+        directories more than once). Whoever needs a fresher look calls :meth:`forget`
+        with the request's ``fs``."""
+        mine = fs.racy.get(path)
+        if mine is not None:
+            return mine  # type: ignore[return-value]
         if nofollow:
             st = fs.lstat_or_none(path)
             if st is not None and stat.S_ISLNK(st.st_mode):
@@ -85,7 +130,9 @@ class DirCache:
         found = fs.scandir_or_empty(path)
         entries = tuple((e.name, e.inode(), e.is_dir(follow_symlinks=False)) for e in found)
         links = frozenset(e.name for e in found if e.is_symlink())
-        listing = Listing(key, entries, now - st.st_mtime_ns > RACY_NS, links)
+        listing = Listing(key, entries, now - st.st_mtime_ns > racy_window(st), links)
+        if not listing.trusted and self.enabled:
+            fs.racy[path] = listing
         if self.enabled:
             # What a listing holds: the object, and per entry a tuple, a name and an inode.
             self._dirs.put(path, listing, nbytes=300 + 200 * len(listing.entries))
@@ -101,8 +148,11 @@ class DirCache:
         for name in listing.links if names is None else listing.links.intersection(names):
             self.guard.check_link(fs, os.path.join(dirpath, name))
 
-    def forget(self, path: str) -> None:
+    def forget(self, path: str, fs: FsOps | None = None) -> None:
+        """List ``path`` again next time (and in this request, given its ``fs``)."""
         self._dirs.pop(path)
+        if fs is not None:
+            fs.racy.pop(path, None)
 
     def forget_under(self, top: str) -> None:
         """Forget the listings and files of ``top`` and everything below it (a repository

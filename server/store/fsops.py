@@ -16,10 +16,13 @@ __all__ = ["FsOps"]
 class FsOps:
     """Thin wrappers over ``os`` that count by kind: open, stat, listdir, read."""
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "racy")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        # Listings this request took that could not be trusted by their stat (racy): the
+        # request's own view, reused by it instead of listed again (fscache.DirCache).
+        self.racy: dict[str, object] = {}
 
     def stat(self, path: str) -> os.stat_result:
         self.counts["stat"] += 1
@@ -71,6 +74,15 @@ class FsOps:
             return b"".join(parts)
         finally:
             os.close(fd)
+
+    def open_or_none(self, path: str) -> int | None:
+        """Open a file for reading (one open, counted): the caller reads it with
+        ``os.pread`` (each call counted with :meth:`note`) and closes it."""
+        self.counts["open"] += 1
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def read_file_or_none(self, path: str) -> bytes | None:
         try:

@@ -33,6 +33,7 @@ _MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
 _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
+_FANOUT_NAMES = [f"{i:02x}" for i in range(256)]  # a first byte -> its fan-out directory
 
 
 _SKIPPED = "skipped: requests needing an object it may hold fail"
@@ -77,7 +78,8 @@ class ObjectSnapshot:
         self.fs = fs
         self.dirs = dirs if dirs is not None else DirCache(enabled=False)
         self.rescans = 0
-        self._loose: set[bytes] | None = None
+        # fan-out directory name -> its ids (None until listed), from objects/'s listing
+        self._loose: dict[str, frozenset[bytes] | None] | None = None
         self._loose_fresh = False
         self._info_names: dict[str, tuple[str, int, bool]] | None = None
         self._info_listing: Listing | None = None
@@ -174,7 +176,7 @@ class ObjectSnapshot:
     def _listing(self, path: str, fresh: bool = False) -> Listing | None:
         if fresh:
             # A true miss: look at the directory itself, whatever the cache holds.
-            self.dirs.forget(path)
+            self.dirs.forget(path, self.fs)
         # lstat, not stat: objects/pack and objects/info are listed without their parent,
         # so this is where a symlink in their place is seen (and checked).
         return self.dirs.listing(self.fs, path, nofollow=True)
@@ -237,19 +239,22 @@ class ObjectSnapshot:
 
     # -- loose objects ----------------------------------------------------------
 
-    def _loose_ids(self) -> set[bytes]:
-        """Every loose object id: the fan-out directories are listed once per request
-        (one stat each while unchanged, through the listing cache)."""
+    def _loose_ids(self, first: int) -> frozenset[bytes]:
+        """The loose object ids whose first byte is ``first``: the fan-out directory is
+        listed once per request (one stat while unchanged, through the listing cache), and
+        only when asked for: a few haves cost a few stats, not one per fan-out directory
+        (hundreds, in a repository pushed to often and not yet repacked)."""
         if self._loose is None:
-            fresh = self._loose_fresh
-            found: set[bytes] = set()
-            top = self._listing(self.objects_dir, fresh)
-            for name, _, is_dir in top.entries if top else ():
-                if not is_dir or name not in _FANOUT:
-                    continue
-                found.update(self._fanout_ids(name, fresh))
-            self._loose = found
-        return self._loose
+            top = self._listing(self.objects_dir, self._loose_fresh)
+            self._loose = {name: None for name, _, is_dir in (top.entries if top else ())
+                           if is_dir and name in _FANOUT}
+        name = _FANOUT_NAMES[first]
+        if name not in self._loose:
+            return frozenset()
+        ids = self._loose[name]
+        if ids is None:
+            ids = self._loose[name] = self._fanout_ids(name, self._loose_fresh)
+        return ids
 
     def _fanout_ids(self, name: str, fresh: bool) -> frozenset[bytes]:
         fanout = os.path.join(self.objects_dir, name)
@@ -283,7 +288,7 @@ class ObjectSnapshot:
             pos = pack.find(oid)
             if pos >= 0:
                 return PackedLocation(pack, pos, pack.offset_at(pos))
-        if oid in self._loose_ids():
+        if oid and oid in self._loose_ids(oid[0]):
             return self._loose_path(oid)
         return None
 
@@ -344,8 +349,10 @@ class ObjectSnapshot:
         try:
             raw = zlib.decompress(self.fs.read_file(path))
         except FileNotFoundError:
-            # Packed away by a concurrent gc: look again.
+            # Packed away by a concurrent gc: look again (at the directories themselves,
+            # not at this request's racy listings of them).
             self._loose = None
+            self._loose_fresh = True
             loc = self.locate(oid, needed=True)
             if loc is None or isinstance(loc, str):
                 raise MissingObject(oid) from None

@@ -9,21 +9,23 @@ key (every listing it came from) is unchanged. With caching off, everything is r
 
 from __future__ import annotations
 
+import binascii
 import os
-from bisect import bisect_left, bisect_right
+import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import chain
+from operator import itemgetter
 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
 from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
-from .lru import ByteLRU
+from .lru import MEMORY, ByteLRU, MemoryBudget
 
-__all__ = ["RefSnapshot", "RefSegment", "RefCache", "read_ref_snapshot", "Peeler", "SEGMENT_REFS"]
+__all__ = ["RefSnapshot", "RefSegment", "RefCache", "read_ref_snapshot", "Peeler", "SEGMENT_REFS",
+           "SEGMENT_BYTES", "PackedRefsError"]
 
 Peeler = Callable[[bytes], bytes | None]
 """Given a hex object id, the hex id it peels to when it is a tag, else None."""
@@ -31,70 +33,266 @@ Peeler = Callable[[bytes], bytes | None]
 _MAX_SYMREF_DEPTH = 5
 
 
-SEGMENT_REFS = 512
-"""Refs per segment: about 32 KiB of encoded advertisement, the unit that one change
-re-encodes (and the size of one write)."""
+SEGMENT_BYTES = 32 << 10
+"""Bytes of packed-refs lines per segment (about 500 refs): about 32 KiB of encoded
+advertisement, the unit that one change re-encodes (and the size of one write)."""
 
-_CMP_CHUNK = 1 << 16  # bytes compared at a time when diffing packed-refs (below mmap size)
+SEGMENT_REFS = 512
+"""Refs per segment when refs are cut by count (segments merged with loose refs)."""
+
+_SEGMENT_OVERHEAD = 400  # a RefSegment beside its raw bytes: the object, first/last names
 
 
 class RefSegment:
-    """A run of refs, sorted by name, shared by every snapshot where it is unchanged.
+    """A run of refs sorted by name, shared by every snapshot where it is unchanged.
 
-    ``encoded`` holds what the answers made of these refs, by what they depend on (kind
-    of answer, hideRefs): an advertisement after a change re-encodes only the segments
-    that changed, since the others are the same objects as before."""
+    The refs are held in packed-refs form, as one bytes object: ``raw`` is whole lines
+    ``<oid> <name>\\n``, each followed by ``^<peeled>\\n`` when the ref peels (every peeled
+    value is there, as in a fully-peeled file). A segment parsed from packed-refs holds the
+    file's own bytes, so the next version of the file is diffed against it by memcmp.
+    ``targets`` names the targets of symbolic (loose) refs in it; usually None. Ref objects
+    are made only when asked for (:meth:`refs`): 1M of them cost 200 MB and seconds, the
+    bytes 60 MB and nothing (docs/ARCHITECTURE.md, "Caches")."""
 
-    __slots__ = ("refs", "encoded", "__weakref__")
+    __slots__ = ("raw", "targets", "first", "last", "plain", "hex_len", "checked", "__weakref__")
 
-    def __init__(self, refs: tuple[Ref, ...]) -> None:
-        self.refs = refs
-        self.encoded: dict[object, bytes] = {}
+    def __init__(self, raw: bytes, hex_len: int,
+                 targets: dict[bytes, bytes] | None = None, checked: bool = True) -> None:
+        self.raw = raw
+        self.hex_len = hex_len
+        self.targets = targets or None
+        # No peeled line (``^`` is in no valid ref name) and no symref: the v0 and the
+        # ls-refs lines of these refs are the same bytes.
+        self.plain = not self.targets and b"^" not in raw
+        # Bytes read from packed-refs are checked (:func:`_check_lines`) the first time
+        # they are split into lines: the split that encodes or decodes them anyway.
+        self.checked = checked
+        if raw:
+            self.first = raw[hex_len + 1:raw.find(b"\n")]
+            k = raw.rfind(b"\n", 0, len(raw) - 1) + 1
+            if raw[k] == 0x5E:  # ^: the last ref is the line before
+                k = raw.rfind(b"\n", 0, k - 1) + 1
+            self.last = raw[k + hex_len + 1:raw.find(b"\n", k)]
+        else:
+            self.first = self.last = b""
+
+    def lines(self) -> list[bytes]:
+        """The lines of ``raw`` (without their newlines), checked the first time: a line
+        that is no entry raises :class:`PackedRefsError`."""
+        lines = self.raw.split(b"\n")
+        lines.pop()
+        if not self.checked:
+            _check_lines(lines, self.hex_len, self.plain)
+            self.checked = True
+        return lines
+
+    def refs(self) -> list[Ref]:
+        """The refs, made now (not kept)."""
+        h = self.hex_len
+        lines = self.lines()
+        if self.plain:
+            return [Ref(ln[h + 1:], ln[:h]) for ln in lines]
+        targets = self.targets or {}
+        out: list[Ref] = []
+        for ln in lines:
+            if ln[:1] == b"^":
+                r = out[-1]
+                out[-1] = Ref(r.name, r.oid, ln[1:], r.symref_target)
+            else:
+                name = ln[h + 1:]
+                out.append(Ref(name, ln[:h], None, targets.get(name)))
+        return out
+
+    def oids(self) -> Iterable[bytes]:
+        """The (hex) object ids of the refs, in order (made at C speed when plain)."""
+        h = self.hex_len
+        if self.plain:
+            return map(itemgetter(slice(0, h)), self.lines())
+        return [ln[:h] for ln in self.lines() if ln[:1] != b"^"]
+
+    def get(self, name: bytes) -> bytes | None:
+        """The object id of ``name`` in this segment, or None."""
+        if not self.checked:
+            self.lines()
+        raw, h = self.raw, self.hex_len
+        i = raw.find(b" " + name + b"\n")
+        # A ref line's first space is at hex_len: the line starts hex_len bytes before it.
+        while i >= 0 and not (i == h or (i > h and raw[i - h - 1] == 0x0A)):
+            i = raw.find(b" " + name + b"\n", i + 1)
+        return None if i < 0 else raw[i - h:i]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.raw) + _SEGMENT_OVERHEAD
+
+    def __len__(self) -> int:
+        return self.raw.count(b"\n") - self.raw.count(b"\n^")
 
     def __repr__(self) -> str:
-        return f"RefSegment({len(self.refs)} refs)"
+        return f"RefSegment({len(self)} refs)"
 
 
-_EMPTY_SEGMENT = RefSegment(())
+def _segment_of_refs(refs: Sequence[Ref], hex_len: int) -> RefSegment:
+    parts: list[bytes] = []
+    targets: dict[bytes, bytes] = {}
+    for r in refs:
+        parts.append(r.oid + b" " + r.name + b"\n")
+        if r.peeled is not None:
+            parts.append(b"^" + r.peeled + b"\n")
+        if r.symref_target is not None:
+            targets[r.name] = r.symref_target
+    return RefSegment(b"".join(parts), hex_len, targets)
 
 
-@dataclass(frozen=True, slots=True)
-class _PackedSegment:
-    """Whole entries of packed-refs: bytes ``start``..``end`` of the file, and their refs."""
-
-    start: int
-    end: int
-    names: list[bytes]
-    segment: RefSegment
-
-    def moved(self, delta: int) -> _PackedSegment:
-        if not delta:
-            return self
-        return _PackedSegment(self.start + delta, self.end + delta, self.names, self.segment)
+_EMPTY_SEGMENT = RefSegment(b"", 40)
 
 
-REF_BYTES = 250  # a Ref in a snapshot (--cache-memory): name, ids, the object itself
+class PackedRefsError(StorageError):
+    """packed-refs holds a line that is no entry (C git dies on it too)."""
+
+    what = "corrupt packed-refs"
+    kind = "packed-refs"
+
+
+def _check_lines(lines: list[bytes], hex_len: int, plain: bool) -> None:
+    """Raise :class:`PackedRefsError` unless ``lines`` are entries: ``<hex id> <name>``,
+    each optionally followed by ``^<hex id>`` (C git dies on anything else too). Without
+    peeled lines, at C speed: the ids joined and unhexlified, the byte after each."""
+    h1 = hex_len + 1
+    bad = not lines
+    if plain and not bad:
+        try:
+            binascii.unhexlify(b"".join(map(itemgetter(slice(0, hex_len)), lines)))
+            bad = bytes(map(itemgetter(hex_len), lines)) != b" " * len(lines) or \
+                min(map(len, lines)) <= h1
+        except (binascii.Error, IndexError):
+            bad = True
+    elif not bad:
+        after_ref = False
+        for ln in lines:
+            if ln[:1] == b"^":
+                bad = not after_ref or len(ln) != h1 or not _is_hex(ln[1:])
+                after_ref = False
+            else:
+                bad = ln[hex_len:h1] != b" " or len(ln) <= h1 or not _is_hex(ln[:hex_len])
+                after_ref = True
+            if bad:
+                break
+    if bad:
+        after_ref = False
+        for ln in lines:  # name the first bad line (a few words of it)
+            if ln[:1] == b"^" and after_ref and len(ln) == h1 and _is_hex(ln[1:]):
+                after_ref = False
+                continue
+            after_ref = ln[hex_len:h1] == b" " and _is_hex(ln[:hex_len]) and len(ln) > h1
+            if not after_ref:
+                raise PackedRefsError(f"packed-refs: unexpected line {ln[:80]!r}")
+        raise PackedRefsError("packed-refs: no entries where entries should be")
+
+
+def _is_hex(b: bytes) -> bool:
+    try:
+        binascii.unhexlify(b)
+    except binascii.Error:
+        return False
+    return True
+
+
+def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
+    """``data[lo:hi]`` (whole lines) in segments of about :data:`SEGMENT_BYTES` (checked
+    when first split: :meth:`RefSegment.lines`). A peeled line stays with its ref."""
+    out: list[RefSegment] = []
+    pos = lo
+    while pos < hi:
+        end = hi if hi - pos <= SEGMENT_BYTES * 3 // 2 else data.find(b"\n", pos + SEGMENT_BYTES)
+        if end < 0 or end >= hi - 1:
+            end = hi
+        else:
+            end += 1
+            while data.startswith(b"^", end) and end < hi:
+                nl = data.find(b"\n", end)
+                end = hi if nl < 0 or nl >= hi else nl + 1
+        out.append(RefSegment(data[pos:end], hex_len, checked=False))
+        pos = end
+    return out
+
+
+BLOCK = 1 << 20  # bytes of packed-refs read at a time
+
+
+class _File:
+    """packed-refs read by blocks (``pread``), so that neither a parse nor a diff holds
+    the whole file beside its segments (60 MB more at 1M refs)."""
+
+    def __init__(self, fd: int, fs: FsOps) -> None:
+        self.fd, self.fs = fd, fs
+        self.size = os.lseek(fd, 0, os.SEEK_END)
+
+    @staticmethod
+    def of(data: bytes | _File) -> _File | _Bytes:
+        return _Bytes(data) if isinstance(data, bytes) else data
+
+    def read(self, off: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        parts: list[bytes] = []
+        while n > 0:
+            self.fs.note("read")
+            part = os.pread(self.fd, min(n, 1 << 24), off)
+            if not part:
+                raise PackedRefsError("packed-refs: shrank while it was read")
+            parts.append(part)
+            off += len(part)
+            n -= len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class _Bytes:
+    """A file's bytes already in memory, read as :class:`_File` is."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.size = data, len(data)
+
+    def read(self, off: int, n: int) -> bytes:
+        return self.data[off:off + n]
+
+
+def _cut_file(f: _File | _Bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
+    """:func:`_cut` of the file's bytes ``lo``..``hi`` (whole lines), a block at a time."""
+    out: list[RefSegment] = []
+    pos, want = lo, BLOCK
+    while pos < hi:
+        block = f.read(pos, min(want, hi - pos))
+        k = len(block)
+        if pos + k < hi:
+            # Whole entries only: up to a line start that is not a peeled line.
+            k = block.rfind(b"\n", 0, k - 1) + 1
+            while k > 0 and block[k] == 0x5E:
+                k = block.rfind(b"\n", 0, k - 1) + 1
+            if k == 0:  # one entry longer than the block
+                want *= 2
+                continue
+        out.extend(_cut(block, 0, k, hex_len))
+        pos += k
+    return out
 
 
 @dataclass(frozen=True)
 class _PackedRefs:
-    """A parsed packed-refs file, in segments of :data:`SEGMENT_REFS` entries.
+    """A parsed packed-refs file, in segments of about :data:`SEGMENT_BYTES`.
 
-    ``data`` is kept so that the next version of the file can be diffed against it: the
-    segments entirely in the common prefix and suffix of the two files are reused as they
-    are, and only the bytes between are parsed again (:func:`_reparse_packed_refs`)."""
+    When ``diffable``, the segments' bytes are the file's, in order after its header: the
+    next version of the file is diffed against them (:func:`_reparse_packed_refs`), and
+    the whole file is not kept besides them."""
 
-    data: bytes
-    header_end: int
+    header: bytes
     fully_peeled: bool
-    segments: list[_PackedSegment]
-    diffable: bool = True  # sorted as git writes it: segments follow byte offsets
+    segments: list[RefSegment]
+    diffable: bool = True
     firsts: list[bytes] = field(default_factory=list)  # first name of each segment
-    starts: list[int] = field(default_factory=list)  # first byte of each segment
 
     def __post_init__(self) -> None:
-        self.firsts[:] = [s.names[0] for s in self.segments]
-        self.starts[:] = [s.start for s in self.segments]
+        self.firsts[:] = [s.first for s in self.segments]
 
     def segment_of(self, name: bytes) -> int:
         """The index of the segment whose name range holds ``name`` (the first one for
@@ -105,17 +303,18 @@ class _PackedRefs:
         """The object id of a packed name, or None."""
         if not self.segments:
             return None
-        seg = self.segments[self.segment_of(name)]
-        i = bisect_left(seg.names, name)
-        if i < len(seg.names) and seg.names[i] == name:
-            return seg.segment.refs[i].oid
-        return None
+        return self.segments[self.segment_of(name)].get(name)
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds (for --cache-memory)."""
+        return len(self.header) + sum(s.nbytes + 80 for s in self.segments) + 200
 
     def __len__(self) -> int:
-        return sum(len(s.names) for s in self.segments)
+        return sum(len(s) for s in self.segments)
 
 
-_NO_PACKED = _PackedRefs(b"", 0, True, [])
+_NO_PACKED = _PackedRefs(b"", True, [])
 
 
 # Budgets, per repository, of the caches below (docs/ARCHITECTURE.md, "Caches").
@@ -123,26 +322,57 @@ PACKED_ENTRIES = 1  # the packed-refs file as it is now
 SNAPSHOT_ENTRIES = 8  # ref states (all refs, or those under some prefixes)
 ENCODED_ENTRIES = 8  # encoded answers: advertisements and ls-refs, by kind and ref state
 MERGED_ENTRIES = 1024  # segments of packed refs with loose refs in their range
+ENCODINGS_BYTES = 1 << 40  # per-segment encodings: bounded by --cache-memory alone
+TIPS_ENTRIES = 4  # sets of visible tips (binary ids), by ref state and hideRefs
+TIP_BYTES = 90  # one id in such a set: the bytes object and its slot
 
 
-@dataclass
 class RefCache:
-    """Cross-request ref state of one repository (shared by threads)."""
+    """Cross-request ref state of one repository (shared by threads).
 
-    # (packed-refs inode, git dir listing key) -> parsed packed-refs
-    packed: ByteLRU[_PackedRefs] = field(
-        default_factory=lambda: ByteLRU("packed_refs", PACKED_ENTRIES, unit="entries"))
-    # state key (every listing read) -> snapshot
-    snapshots: ByteLRU[RefSnapshot] = field(
-        default_factory=lambda: ByteLRU("ref_snapshots", SNAPSHOT_ENTRIES, unit="entries"))
-    # (kind, ref state, config key) -> the answer's 32 KiB chunks
-    encoded: ByteLRU[list[bytes]] = field(
-        default_factory=lambda: ByteLRU("advertisements", ENCODED_ENTRIES, unit="entries"))
-    # (packed segment, loose refs in its range) -> the segments of both merged
-    merged: ByteLRU[tuple[RefSegment, ...]] = field(
-        default_factory=lambda: ByteLRU("merged_segments", MERGED_ENTRIES, unit="entries"))
-    # the last packed-refs parsed, trusted or not: the next one is diffed against it
-    last_packed: _LastPacked | None = None
+    Everything it holds counts against --cache-memory: the caches below as ByteLRUs, and
+    the last packed-refs parse (which the next version of the file is diffed against, so
+    it is not evicted while the repository is kept) by a charge of its size."""
+
+    def __init__(self, parent: MemoryBudget | None = MEMORY) -> None:
+        # (packed-refs inode, git dir listing key) -> parsed packed-refs (the same object
+        # as ``last_packed``: counted there)
+        self.packed: ByteLRU[_PackedRefs] = ByteLRU("packed_refs", PACKED_ENTRIES,
+                                                    unit="entries", parent=parent)
+        # state key (every listing read) -> snapshot
+        self.snapshots: ByteLRU[RefSnapshot] = ByteLRU("ref_snapshots", SNAPSHOT_ENTRIES,
+                                                       unit="entries", parent=parent)
+        # (kind, ref state, config key) -> the answer's 32 KiB chunks (small answers only)
+        self.encoded: ByteLRU[list[bytes]] = ByteLRU("advertisements", ENCODED_ENTRIES,
+                                                     unit="entries", parent=parent)
+        # (packed segment, loose refs in its range) -> the segments of both merged
+        self.merged: ByteLRU[tuple[RefSegment, ...]] = ByteLRU(
+            "merged_segments", MERGED_ENTRIES, unit="entries", parent=parent)
+        # (segment, what the encoding depends on) -> the segment's encoded pkt-lines
+        self.encodings: ByteLRU[bytes] = ByteLRU("ref_encodings", ENCODINGS_BYTES,
+                                                 parent=parent)
+        # (ref state, hideRefs) -> the binary ids of the visible refs and HEAD
+        self.tips: ByteLRU[frozenset[bytes]] = ByteLRU("ref_tips", TIPS_ENTRIES,
+                                                       unit="entries", parent=parent)
+        self._parent = parent
+        self._lock = threading.Lock()
+        self._charged = 0
+        self.last_packed: _LastPacked | None = None
+
+    def keep_packed(self, last: _LastPacked | None) -> None:
+        """Hold ``last`` as the parse to diff against, counted in the budget."""
+        size = 0 if last is None else last.parsed.nbytes
+        with self._lock:
+            self.last_packed = last
+            delta, self._charged = size - self._charged, size
+        if self._parent is not None and delta:
+            self._parent.charge(delta)
+
+    def __del__(self) -> None:
+        parent: MemoryBudget | None = getattr(self, "_parent", None)
+        charged: int = getattr(self, "_charged", 0)
+        if parent is not None and charged:
+            parent._gone.append(charged)  # as ByteLRU.__del__: no lock here
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +388,7 @@ class RefSnapshot:
 
     ``state`` identifies what it was read from; equal states mean equal snapshots. The refs
     are held in ``segments`` (:class:`RefSegment`, shared with the snapshots before it
-    where nothing changed); ``refs`` is all of them in one tuple, made when asked for.
+    where nothing changed); ``refs`` makes Ref objects of all of them when asked for.
     """
 
     head: HeadInfo
@@ -171,15 +401,34 @@ class RefSnapshot:
     # are shared): ``refs`` leaves those out, and so must whoever reads ``segments``.
     prefixes: tuple[bytes, ...] = ()
 
-    @cached_property
+    @property
     def refs(self) -> tuple[Ref, ...]:
-        if self.prefixes:
-            ps = self.prefixes
-            return tuple(r for s in self.segments for r in s.refs
-                         if ref_matches_prefixes(r.name, ps))
-        if len(self.segments) == 1:
-            return self.segments[0].refs
-        return tuple(chain.from_iterable(s.refs for s in self.segments))
+        """Every ref as a Ref (made now, not kept: at 1M refs, seconds and 200 MB)."""
+        return tuple(self.select(self.prefixes))
+
+    def select(self, prefixes: Sequence[bytes]) -> list[Ref]:
+        """The refs under ``prefixes`` (all when empty), decoding only the segments
+        whose name ranges can hold them."""
+        out: list[Ref] = []
+        for seg in self.segments:
+            if prefixes and not any(_may_hold(seg, p) for p in prefixes):
+                continue
+            refs = seg.refs()
+            if prefixes:
+                refs = [r for r in refs if ref_matches_prefixes(r.name, prefixes)]
+            out.extend(refs)
+        if self.prefixes and prefixes != self.prefixes:
+            out = [r for r in out if ref_matches_prefixes(r.name, self.prefixes)]
+        return out
+
+    def get(self, name: bytes) -> Ref | None:
+        """The ref called ``name``, or None."""
+        if self.prefixes and not ref_matches_prefixes(name, self.prefixes):
+            return None
+        for seg in self.segments:
+            if seg.first <= name <= seg.last and seg.get(name) is not None:
+                return next(r for r in seg.refs() if r.name == name)
+        return None
 
     def visible(self, hide: Iterable[bytes]) -> tuple[HeadInfo | None, list[Ref]]:
         """HEAD (None when hidden) and the refs hideRefs leaves visible."""
@@ -189,177 +438,139 @@ class RefSnapshot:
         head = None if ref_is_hidden(b"HEAD", patterns) else self.head
         return head, [r for r in self.refs if not ref_is_hidden(r.name, patterns)]
 
+    def visible_oids(self, hide: Iterable[bytes]) -> set[bytes]:
+        """The distinct hex ids of the refs hideRefs leaves visible (HEAD not included),
+        without making Ref objects where nothing is hidden (many refs share an id: 100k
+        branches of a mirror may name a few hundred commits)."""
+        patterns = list(hide)
+        if patterns or self.prefixes:
+            return {r.oid for r in self.visible(patterns)[1]}
+        out: set[bytes] = set()
+        for seg in self.segments:
+            out.update(seg.oids())
+        return out
 
-def _header_end(data: bytes) -> tuple[int, bool]:
-    """Where the entries of packed-refs start (after its ``#`` header line), and whether
-    the header declares the file fully peeled."""
+
+def _may_hold(seg: RefSegment, prefix: bytes) -> bool:
+    """Can a name starting with ``prefix`` lie in the segment's name range?"""
+    return seg.first[:len(prefix)] <= prefix <= seg.last[:len(prefix)]
+
+
+def _header_end(data: bytes) -> tuple[int, bool, bool]:
+    """Where the entries of packed-refs start (after its ``#`` header line), whether the
+    header declares the file fully peeled, and whether it declares it sorted."""
     if not data.startswith(b"#"):
-        return 0, False
+        return 0, False, False
     nl = data.find(b"\n")
     end = len(data) if nl < 0 else nl + 1
     line = data[:end]
-    fully = line.startswith(b"# pack-refs with:") and \
-        b" fully-peeled " in line.split(b":", 1)[1].rstrip(b"\n") + b" "
-    return end, fully
+    traits = line.split(b":", 1)[1].rstrip(b"\n") + b" " \
+        if line.startswith(b"# pack-refs with:") else b""
+    return end, b" fully-peeled " in traits, b" sorted " in traits
 
 
-def _parse_entries(data: bytes, lo: int, hi: int, hex_len: int, fully: bool,
-                   peel: Peeler) -> tuple[list[bytes], list[Ref], list[int]]:
-    """The entries of ``data[lo:hi]`` (whole lines): names, refs and where each starts."""
-    names: list[bytes] = []
-    refs: list[Ref] = []
-    offsets: list[int] = []
-    peeled_of: dict[int, bytes] = {}
-    pos = lo
-    last = -1  # index of the entry a ``^`` line may follow
-    lines = data[lo:hi].split(b"\n")
-    if lines[-1]:
-        _bad_line(lines[-1], hi - len(lines[-1]), "unterminated line")  # truncated?
-    lines.pop()
-    for line in lines:
-        here = pos
-        pos += len(line) + 1
-        if line.startswith(b"^"):
-            if last < 0 or len(line) != hex_len + 1:
-                _bad_line(line, here)
-            peeled_of[last] = line[1:]
-            last = -1
-            continue
-        oid, _, name = line.partition(b" ")
-        if len(oid) != hex_len or not name:
-            _bad_line(line, here)  # C git: "fatal: unexpected line in packed-refs"
-        names.append(name)
-        refs.append(Ref(name, oid))
-        offsets.append(here)
-        last = len(names) - 1
-    # Every id in hex, checked at once (one C call over the ids, not one per line).
-    if (b"".join(r.oid for r in refs) + b"".join(peeled_of.values())).translate(None, _HEX):
-        bad = next((r.oid for r in refs if r.oid.translate(None, _HEX)), None) or \
-            next(p for p in peeled_of.values() if p.translate(None, _HEX))
-        _bad_line(bad, data.find(bad, lo, hi), "bad object id")
-    for i, ref in enumerate(refs):
-        peeled = peeled_of.get(i)
-        if peeled is None and not fully:
-            peeled = peel(ref.oid)
-        if peeled is not None:
-            refs[i] = Ref(ref.name, ref.oid, peeled)
-    return names, refs, offsets
+def _read_header(f: _File | _Bytes) -> tuple[bytes, bool, bool]:
+    head = f.read(0, min(f.size, 4096))
+    end, fully, is_sorted = _header_end(head)
+    if f.size and f.read(f.size - 1, 1) != b"\n":
+        raise PackedRefsError("packed-refs: unterminated line")
+    return head[:end], fully, is_sorted
 
 
-_HEX = b"0123456789abcdef"
+def _parse_packed_refs(data: bytes | _File, hex_len: int, peel: Peeler) -> _PackedRefs:
+    if isinstance(data, bytes):
+        header_end, fully, is_sorted = _header_end(data)
+        if data and not data.endswith(b"\n"):
+            raise PackedRefsError("packed-refs: unterminated line")
+        header = data[:header_end]
+        segs = _cut(data, header_end, len(data), hex_len)
+    else:
+        header, fully, is_sorted = _read_header(data)
+        segs = _cut_file(data, len(header), data.size, hex_len)
+    if fully and (is_sorted and _in_order(segs) or _sorted_refs(segs)):
+        return _PackedRefs(header, fully, segs)
+    # Not as git writes it (hand-edited, not fully peeled, or from a very old git): sort
+    # by name, keep the last of duplicate names, peel what the file does not, and diff
+    # nothing against it.
+    by_name: dict[bytes, Ref] = {}
+    for seg in segs:
+        for r in seg.refs():
+            by_name[r.name] = r
+    refs = [by_name[n] for n in sorted(by_name)]
+    if not fully:
+        refs = [r if r.peeled is not None else Ref(r.name, r.oid, peel(r.oid)) for r in refs]
+    return _PackedRefs(header, fully, list(_chunked(refs, hex_len)), diffable=False)
 
 
-def _bad_line(line: bytes, offset: int, why: str = "unexpected line") -> None:
-    """packed-refs holds a line git does not write: a storage fault (500), not refs
-    dropped or served as they are (store/errors.py)."""
-    raise StorageError(f"packed-refs: {why} at byte {offset}: {line[:100]!r}",
-                       kind="packed-refs", what="corrupt packed-refs")
+def _in_order(segs: Sequence[RefSegment]) -> bool:
+    """Segments follow each other by name (their insides are as the file says: sorted)."""
+    return all(a.last < b.first for a, b in zip(segs, segs[1:], strict=False))
 
 
-def _segments(names: list[bytes], refs: list[Ref], offsets: list[int],
-              end: int) -> list[_PackedSegment]:
-    """Cut entries into segments of about :data:`SEGMENT_REFS` (a run a little longer
-    stays whole, so that an insertion does not leave a segment of one ref behind)."""
-    n = len(names)
-    if not n:
-        return []
-    pieces = max(1, round(n / SEGMENT_REFS))
-    out = []
-    for k in range(pieces):
-        a, b = n * k // pieces, n * (k + 1) // pieces
-        stop = offsets[b] if b < n else end
-        out.append(_PackedSegment(offsets[a], stop, names[a:b], RefSegment(tuple(refs[a:b]))))
-    return out
-
-
-def _is_sorted(names: list[bytes]) -> bool:
+def _sorted_refs(segs: Sequence[RefSegment]) -> bool:
+    names = [r.name for s in segs for r in s.refs()]
     return all(a < b for a, b in zip(names, names[1:], strict=False))
 
 
-def _parse_packed_refs(data: bytes, hex_len: int, peel: Peeler) -> _PackedRefs:
-    header_end, fully = _header_end(data)
-    names, refs, offsets = _parse_entries(data, header_end, len(data), hex_len, fully, peel)
-    if _is_sorted(names):
-        return _PackedRefs(data, header_end, fully, _segments(names, refs, offsets, len(data)))
-    # Not as git writes it (hand-edited, or from a very old git): sort by name, keep the
-    # last of duplicate names, and diff nothing against it.
-    by_name = dict(zip(names, refs, strict=True))
-    order = sorted(by_name)
-    srefs = [by_name[n] for n in order]
-    return _PackedRefs(data, header_end, fully, _segments(order, srefs, [0] * len(order), 0),
-                       diffable=False)
-
-
-def _common_prefix(a: bytes, b: bytes, limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit`` (memcmp in C)."""
-    k = 0
-    while k < limit:
-        stop = min(k + _CMP_CHUNK, limit)
-        if a[k:stop] != b[k:stop]:
-            lo, hi = k, stop - 1  # the answer is in [k, stop)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if a[k:mid] == b[k:mid]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return lo
-        k = stop
-    return limit
-
-
-def _common_suffix(a: bytes, b: bytes, limit: int) -> int:
-    """Length of the common suffix of ``a`` and ``b``, at most ``limit``."""
-    la, lb = len(a), len(b)
-    k = 0
-    while k < limit:
-        stop = min(k + _CMP_CHUNK, limit)
-        if a[la - stop:la - k] != b[lb - stop:lb - k]:
-            lo, hi = k, stop - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if a[la - mid:la - k] == b[lb - mid:lb - k]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return lo
-        k = stop
-    return limit
-
-
-def _reparse_packed_refs(old: _PackedRefs, data: bytes, hex_len: int,
+def _reparse_packed_refs(old: _PackedRefs, data: bytes | _File, hex_len: int,
                          peel: Peeler) -> _PackedRefs:
     """The parse of ``data``, a new version of the packed-refs ``old`` was parsed from.
 
-    The segments wholly inside the bytes both files share at their start and at their end
-    are reused (the same objects, with their encodings); the entries between are parsed
-    again. A rewrite by ``git pack-refs`` or a deletion costs a compare of the two files
-    and the parse of the segments around the change, not the parse of every line."""
-    if data == old.data:
+    Old segments found unchanged at the start of the new file, one after the other, and
+    at its end, are reused (the same objects, with their encodings); the bytes between
+    are parsed again. A rewrite by ``git pack-refs`` or a deletion costs a memcmp of the
+    file against the old segments (read a block at a time) and the parse of those around
+    the change, not a parse of every line; the old file is not kept for this, only its
+    segments, and the new one is not read whole."""
+    f = _File.of(data)
+    if not old.diffable or f.size < len(old.header) or \
+            f.read(0, len(old.header)) != old.header or \
+            _header_end(f.read(0, min(f.size, len(old.header) + 1)))[0] != len(old.header):
+        return _parse_packed_refs(data, hex_len, peel)
+    if f.size and f.read(f.size - 1, 1) != b"\n":
+        raise PackedRefsError("packed-refs: unterminated line")
+    segs = old.segments
+    # The common start: segments equal to the next bytes, from a block.
+    pos, i = len(old.header), 0
+    lo, block = pos, b""
+    while i < len(segs):
+        raw = segs[i].raw
+        if pos + len(raw) > f.size:
+            break
+        if pos + len(raw) > lo + len(block):
+            lo, block = pos, f.read(pos, min(f.size - pos, max(BLOCK, len(raw))))
+        if not block.startswith(raw, pos - lo):
+            break
+        pos += len(raw)
+        i += 1
+    if i == len(segs) and pos == f.size:
         return old
-    if not old.diffable or not old.segments:
+    # The common end, from blocks ending where the last reused segment starts.
+    end, j = f.size, len(segs)
+    lo, block = end, b""
+    while j > i:
+        raw = segs[j - 1].raw
+        start = end - len(raw)
+        if start < pos:
+            break
+        # A reused segment starts at a line of the new file: at ``pos``, or after a
+        # newline (else the bytes before it end in the middle of a line).
+        first = start - 1 if start > pos else start
+        if first < lo:
+            lo = max(pos, min(first, end - BLOCK))
+            block = f.read(lo, end - lo)
+        if not block.endswith(raw, 0, end - lo) or \
+                (start > pos and block[start - 1 - lo] != 0x0A):
+            break
+        end = start
+        j -= 1
+    del block
+    middle = _cut_file(f, pos, end, hex_len)
+    out = segs[:i] + middle + segs[j:]
+    k0, k1 = max(0, i - 1), min(len(out), i + len(middle) + 1)
+    if not _in_order(out[k0:k1]):
         return _parse_packed_refs(data, hex_len, peel)
-    la, lb = len(old.data), len(data)
-    p = _common_prefix(old.data, data, min(la, lb))
-    if p < old.header_end:  # the header (its traits) changed
-        return _parse_packed_refs(data, hex_len, peel)
-    s = _common_suffix(old.data, data, min(la, lb) - p)
-    delta = lb - la
-    # Segments before i end inside the common prefix. Segments from j on start after the
-    # common suffix began, with the newline before them inside it too: in the new file
-    # they start at a line boundary, with the same bytes, so they are the same entries.
-    i = max(0, bisect_right(old.starts, p) - 1)
-    j = bisect_left(old.starts, la - s + 1)
-    lo = old.segments[i].start if i else old.header_end
-    hi = old.segments[j].start + delta if j < len(old.segments) else lb
-    names, refs, offsets = _parse_entries(data, lo, hi, hex_len, old.fully_peeled, peel)
-    before, after = old.segments[:i], old.segments[j:]
-    if not _is_sorted(names) or (names and before and before[-1].names[-1] >= names[0]) or \
-            (names and after and names[-1] >= after[0].names[0]):
-        return _parse_packed_refs(data, hex_len, peel)
-    middle = _segments(names, refs, offsets, hi)
-    return _PackedRefs(data, old.header_end, old.fully_peeled,
-                       before + middle + [seg.moved(delta) for seg in after])
+    return _PackedRefs(old.header, old.fully_peeled, out)
 
 
 def _valid_component(name: str) -> bool:
@@ -383,34 +594,46 @@ class _Reader:
 
     def packed(self, top: Listing, peel: Peeler) -> _PackedRefs:
         entry = top.names().get("packed-refs")
-        if entry is None:
+        if entry is None and top.trusted:
             return _NO_PACKED
-        key = (entry[1], top.key)
-        cached = self.cache.packed.get(key) if self.dirs.enabled else None
+        # An untrusted (racy) listing may be the one this request took before it walked
+        # the loose refs (fs.racy): packed-refs is then opened by path all the same, after
+        # them, and compared by content with the last parse (never taken from the cache,
+        # whose keys are trusted listings).
+        key = (entry[1] if entry is not None else None, top.key)
+        cached = self.cache.packed.get(key) if self.dirs.enabled and top.trusted else None
         if cached is not None:
             return cached
         # Not through the small-file cache: the parse keeps these bytes (the next version
         # is diffed against them), and that cache would keep a second copy of every
         # version of a file of 60 MB at 1M refs.
         self.dirs.check_links(self.fs, self.gitdir, top, ("packed-refs",))
-        data = self.fs.read_file_or_none(os.path.join(self.gitdir, "packed-refs")) or b""
+        fd = self.fs.open_or_none(os.path.join(self.gitdir, "packed-refs"))
+        if fd is None:
+            return _NO_PACKED
         last = self.cache.last_packed if self.dirs.enabled else None
-        if last is not None and last.hex_len == self.hex_len:
-            # Validated by content: whatever the listing's stat says (racy or not), the
-            # bytes just read are compared with the last parse's.
-            parsed = _reparse_packed_refs(last.parsed, data, self.hex_len, peel)
-        else:
-            parsed = _parse_packed_refs(data, self.hex_len, peel)
+        try:
+            f = _File(fd, self.fs)
+            # A small file in one read; a large one by blocks (see _File).
+            data: bytes | _File = f.read(0, f.size) if f.size <= BLOCK else f
+            if last is not None and last.hex_len == self.hex_len:
+                # Validated by content: whatever the listing's stat says (racy or not),
+                # the file is compared with the last parse's segments.
+                parsed = _reparse_packed_refs(last.parsed, data, self.hex_len, peel)
+            else:
+                parsed = _parse_packed_refs(data, self.hex_len, peel)
+        finally:
+            os.close(fd)
         if self.dirs.enabled:
             if last is not None and last.key != key:
                 # One parse held at a time: the trusted entry of an older version would
-                # keep its bytes (60 MB at 1M refs) until the next trusted listing.
+                # keep its segments (60 MB at 1M refs) until the next trusted listing.
                 self.cache.packed.pop(last.key)
-            self.cache.last_packed = _LastPacked(self.hex_len, parsed, key)
+            # Counted in --cache-memory as the last parse; the packed entry is the same
+            # object and costs its key.
+            self.cache.keep_packed(_LastPacked(self.hex_len, parsed, key))
             if top.trusted:
-                # What it holds, for --cache-memory: the file, and a Ref per line.
-                refs = sum(len(seg.names) for seg in parsed.segments)
-                self.cache.packed.put(key, parsed, nbytes=3 * len(data) + 200 * refs)
+                self.cache.packed.put(key, parsed, nbytes=200)
         return parsed
 
     def _wanted(self, dirname: str, prefixes: Sequence[bytes]) -> bool:
@@ -519,14 +742,14 @@ def _loose_refs(loose: dict[bytes, bytes], every: dict[bytes, bytes], packed: _P
     return out
 
 
-def _chunked(refs: list[Ref]) -> tuple[RefSegment, ...]:
+def _chunked(refs: Sequence[Ref], hex_len: int) -> tuple[RefSegment, ...]:
     if len(refs) <= 2 * SEGMENT_REFS:
-        return (RefSegment(tuple(refs)),)
-    return tuple(RefSegment(tuple(refs[i:i + SEGMENT_REFS]))
+        return (_segment_of_refs(refs, hex_len),)
+    return tuple(_segment_of_refs(refs[i:i + SEGMENT_REFS], hex_len)
                  for i in range(0, len(refs), SEGMENT_REFS))
 
 
-def _merge(base: tuple[Ref, ...], loose: Sequence[tuple[bytes, Ref | None]]) -> list[Ref]:
+def _merge(base: Sequence[Ref], loose: Sequence[tuple[bytes, Ref | None]]) -> list[Ref]:
     """Packed refs with the loose ones of their range: loose names win, sorted by name."""
     shadowed = {name for name, _ in loose}
     out = [r for r in base if r.name not in shadowed]
@@ -547,16 +770,16 @@ def _covering(packed: _PackedRefs, prefixes: Sequence[bytes]) -> set[int] | None
     return out
 
 
-def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
-                 cache: RefCache | None, only: set[int] | None = None) -> tuple[RefSegment, ...]:
+def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None], cache: RefCache | None,
+                 only: set[int] | None = None, hex_len: int = 40) -> tuple[RefSegment, ...]:
     """Every ref, in segments: the packed ones as they are, those with loose refs in
     their name range merged once per distinct set of loose refs (and then reused).
     With ``only``, just those segments (loose refs must all fall in them)."""
-    bases = [s.segment for s in packed.segments] or [_EMPTY_SEGMENT]
+    bases = list(packed.segments) or [_EMPTY_SEGMENT]
     if only is not None:
         bases = [b if k in only else _EMPTY_SEGMENT for k, b in enumerate(bases)]
     if not loose:
-        return tuple(b for b in bases if b.refs)
+        return tuple(b for b in bases if b.raw)
     by_seg: dict[int, list[tuple[bytes, Ref | None]]] = {}
     for name in sorted(loose):
         by_seg.setdefault(packed.segment_of(name) if packed.segments else 0, []).append(
@@ -565,15 +788,16 @@ def _segments_of(packed: _PackedRefs, loose: dict[bytes, Ref | None],
     for k, base in enumerate(bases):
         mine = by_seg.get(k)
         if mine is None:
-            if base.refs:
+            if base.raw:
                 out.append(base)
             continue
         key = (base, tuple(mine))
         merged = cache.merged.get(key) if cache is not None else None
         if merged is None:
-            merged = _chunked(_merge(base.refs, mine))
+            merged = _chunked(_merge(base.refs(), mine), hex_len)
             if cache is not None:
-                cache.merged.put(key, merged)
+                # For --cache-memory: what the merged segments hold (an entry is ~500 refs).
+                cache.merged.put(key, merged, nbytes=sum(seg.nbytes for seg in merged))
         out.extend(merged)
     return tuple(out)
 
@@ -586,7 +810,8 @@ def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: _PackedRefs, hex_
     every = {**targets, **loose} if targets else loose
     head = _read_head(head_raw, every, packed, hex_len)
     resolved = _loose_refs(loose, every, packed, hex_len, peel)
-    return head, _segments_of(packed, resolved, cache, _covering(packed, prefixes) if prefixes else None)
+    return head, _segments_of(packed, resolved, cache,
+                              _covering(packed, prefixes) if prefixes else None, hex_len)
 
 
 def read_ref_snapshot(
@@ -628,8 +853,11 @@ def read_ref_snapshot(
     snap = RefSnapshot(head, segments, hex_len, state, complete=not prefixes, cacheable=trusted,
                        prefixes=tuple(prefixes))
     if trusted:
-        cache.snapshots.put(state, snap,
-                            nbytes=REF_BYTES * (1 + sum(len(seg.refs) for seg in segments)))
+        # What it holds beyond the packed parse's segments (counted there): merged ones
+        # (counted in merged_segments too, but they may leave it first).
+        base = {id(s) for s in packed.segments}
+        cache.snapshots.put(state, snap, nbytes=200 + 8 * len(segments) + sum(
+            s.nbytes for s in segments if id(s) not in base))
     return snap
 
 
