@@ -18,7 +18,11 @@ from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 
-__all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
+__all__ = ["CommitInfo", "CommitSource", "TreeChange", "parse_commit", "parse_tag_target",
+           "tree_entries"]
+
+TreeChange = tuple[int, bytes, bytes | None]
+"""A tree entry that differs from its base: (mode, binary id, the base's id at its name)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,52 @@ def parse_tag_target(data: bytes, hex_len: int) -> tuple[bytes, int]:
     return target, type_num
 
 
+def _kind(mode: int) -> int:
+    """Tree, gitlink or blob (regular file or symlink), from a tree entry's mode."""
+    kind = mode & MODE_TYPE
+    return kind if kind in (MODE_TREE, MODE_GITLINK) else 0
+
+
+def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
+    """The changes between two trees of the same length whose bytes differ only inside
+    entry ids (same modes, same names, same order), or None when they differ otherwise.
+
+    The two trees are XORed as integers (at C speed): the highest set bit is the first byte
+    that differs. Entry boundaries are found from the start of ``new`` only up to the last
+    difference, one ``find`` of the name's NUL per entry, and nothing is parsed past it.
+    Identical bytes before an entry parse identically in both trees, so each difference
+    that falls inside an id belongs to the same entry of both.
+    """
+    n = len(new)
+    x = int.from_bytes(new, "big") ^ int.from_bytes(old, "big")
+    out: list[TreeChange] = []
+    find = new.find
+    i = 0  # the start of an entry
+    while x:
+        first = n - (x.bit_length() + 7) // 8  # the first byte left that differs
+        while True:
+            nul = find(b"\0", i)
+            if nul < 0:
+                return None
+            end = nul + 1 + hash_len
+            if end > first:
+                break
+            i = end
+        if first <= nul or end > n:
+            return None  # a mode or a name differs: not this case
+        space = find(b" ", i, nul)
+        if space < 0:
+            return None
+        try:
+            mode = int(new[i:space], 8)
+        except ValueError:
+            return None
+        out.append((mode, new[nul + 1 : end], old[nul + 1 : end]))
+        x &= (1 << (8 * (n - end))) - 1  # the bytes after this entry
+        i = end
+    return out
+
+
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
     """(name, is_tree, binary id) for each entry; gitlinks (submodules) are skipped."""
     try:
@@ -83,7 +133,6 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
 COMMITS_BUDGET = 256 << 20  # bytes of parsed commits, at COMMIT_COST + PARENT_COST a parent
 COMMIT_COST = 200
 PARENT_COST = 40
-TREE_ENTRIES = 64  # parsed trees: a walk diffing each tree against its parent's meets most twice
 
 
 class CommitSource:
@@ -94,8 +143,6 @@ class CommitSource:
         self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
-        self._trees = ByteLRU[list[tuple[bytes, int, bytes]]](
-            "trees", TREE_ENTRIES, unit="entries", shared=False)
 
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
@@ -130,20 +177,45 @@ class CommitSource:
             oid, type_num = parse_tag_target(data, self.hex_len)
         return oid, type_num, tags
 
-    def tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
-        """Raw entries (name, mode, hex id) as dulwich's parser gives them (cached per
-        request: a walk that diffs each tree against its parent's meets most trees twice)."""
-        hit = self._trees.get(oid)
-        if hit is not None:
-            return hit
-        entries = self._parse_tree_hex(oid)
-        self._trees.put(oid, entries)
-        return entries
-
-    def _parse_tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
+    def tree_data(self, oid: bytes) -> bytes:
+        """The raw content of tree ``oid`` (inflated trees stay in the shared ``objects``
+        cache, so a walk meeting a tree twice reads it once)."""
         type_num, data = self.odb.read(oid)
         if type_num != OBJ_TREE:
             raise ObjectStoreError(f"{oid.hex()} is not a tree")
+        return data
+
+    def tree_changes(self, tree: bytes, base: bytes | None) -> list[TreeChange]:
+        """The entries of tree ``tree`` that differ from the entry of the same name in tree
+        ``base`` (all entries without a base), in tree order: (mode, id, the base's id at
+        that name or None). Ids are binary.
+
+        The common case, a commit that modified files, leaves a tree the same length as its
+        base with only some entries' ids changed: those are found from the bytes where the
+        two differ, without parsing the entries in between (docs/ARCHITECTURE.md, "Cold
+        path"). Anything else (entries added, removed or renamed) parses both.
+        """
+        data = self.tree_data(tree)
+        if base is None:
+            return [(mode, a2b_hex(hx), None) for _, mode, hx in self._parse(data)]
+        old = self.tree_data(base)
+        if len(old) == len(data):
+            found = _id_only_changes(data, old, self.odb.hash_len)
+            if found is not None:
+                return found
+        known = {name: (mode, hx) for name, mode, hx in self._parse(old)}
+        out: list[TreeChange] = []
+        for name, mode, hx in self._parse(data):
+            prev = known.get(name)
+            if prev is None:
+                out.append((mode, a2b_hex(hx), None))
+            elif prev[1] != hx:
+                # A base of another kind (a file that became a directory) is no base.
+                same_kind = _kind(prev[0]) == _kind(mode)
+                out.append((mode, a2b_hex(hx), a2b_hex(prev[1]) if same_kind else None))
+        return out
+
+    def _parse(self, data: bytes) -> list[tuple[bytes, int, bytes]]:
         try:
             return list(parse_tree(data, self.odb.hash_len))
         except Exception as exc:  # dulwich raises ObjectFormatException and friends
