@@ -6,7 +6,9 @@ are parsed with dulwich's compiled ``parse_tree``.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import re
 from binascii import a2b_hex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -77,6 +79,14 @@ def _kind(mode: int) -> int:
     return kind if kind in (MODE_TREE, MODE_GITLINK) else 0
 
 
+@functools.cache
+def _whole_entries(hash_len: int) -> re.Pattern[bytes]:
+    """Any number of whole tree entries (mode and name up to a NUL, then the id): matched up
+    to a position, it ends where the entry holding that position starts. The regular
+    expression engine steps over the entries in C."""
+    return re.compile(rb"(?:[^\0]*\0[\s\S]{%d})*" % hash_len)
+
+
 def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
     """The changes between two trees of the same length whose bytes differ only inside
     entry ids (same modes, same names, same order), or None when they differ otherwise.
@@ -91,18 +101,15 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
     x = int.from_bytes(new, "big") ^ int.from_bytes(old, "big")
     out: list[TreeChange] = []
     find = new.find
+    skip = _whole_entries(hash_len).match
     i = 0  # the start of an entry
     while x:
         first = n - (x.bit_length() + 7) // 8  # the first byte left that differs
-        while True:
-            nul = find(b"\0", i)
-            if nul < 0:
-                return None
-            end = nul + 1 + hash_len
-            if end > first:
-                break
-            i = end
-        if first <= nul or end > n:
+        m = skip(new, i, first)  # the entries that end before it
+        i = m.end() if m is not None else i
+        nul = find(b"\0", i)
+        end = nul + 1 + hash_len
+        if nul < 0 or first <= nul or end > n:
             return None  # a mode or a name differs: not this case
         space = find(b" ", i, nul)
         if space < 0:
