@@ -356,20 +356,20 @@ class ObjectSnapshot:
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
         """Read and resolve the entry at ``offset`` (following delta chains)."""
         cache = self.registry.objects
-        chain: list[tuple[PackFile, int, EntryHeader]] = []
+        chain: list[tuple[PackFile, int, EntryHeader, bytes | None]] = []
         type_num, data = 0, b""
         for _ in range(_MAX_CHAIN):
             hit = cache.get((pack.key, offset))
             if hit is not None:
                 type_num, data = hit
                 break
-            hdr = pack.read_header(offset)
+            hdr, buf = pack.read_entry(offset)
             if hdr.type_num == OFS_DELTA:
-                chain.append((pack, offset, hdr))
+                chain.append((pack, offset, hdr, buf))
                 offset = hdr.base_offset  # type: ignore[assignment]
                 continue
             if hdr.type_num == REF_DELTA:
-                chain.append((pack, offset, hdr))
+                chain.append((pack, offset, hdr, buf))
                 assert hdr.base_oid is not None
                 loc = self.locate(hdr.base_oid, needed=True)
                 if loc is None:
@@ -379,15 +379,15 @@ class ObjectSnapshot:
                     break
                 pack, offset = loc.pack, loc.offset
                 continue
-            type_num, data = hdr.type_num, pack.inflate(hdr)
+            type_num, data = hdr.type_num, pack.inflate_entry(hdr, buf, offset)
             if chain or type_num in (OBJ_COMMIT, OBJ_TREE, OBJ_TAG):
                 cache.put((pack.key, offset), (type_num, data), len(data))
             break
         else:
             raise ObjectStoreError("delta chain too long")
-        for p, off, hdr in reversed(chain):
+        for p, off, hdr, buf in reversed(chain):
             try:
-                data = b"".join(apply_delta(data, p.inflate(hdr)))
+                data = b"".join(apply_delta(data, p.inflate_entry(hdr, buf, off)))
             except ApplyDeltaError as exc:
                 raise p.corrupt(f"bad delta in entry at {off}: {exc}") from None
             cache.put((p.key, off), (type_num, data), len(data))

@@ -28,6 +28,7 @@ __all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
+_WHOLE_READ = 1 << 20  # entries up to this size are read in one go (read_entry)
 
 
 class PackFormatError(StorageError):
@@ -473,6 +474,32 @@ class PackFile:
             raise self.corrupt(str(exc)) from None
         except IndexError:
             raise self.corrupt(f"truncated entry header at {offset}") from None
+
+    def read_entry(self, offset: int) -> tuple[EntryHeader, bytes | None]:
+        """The header of the entry at ``offset`` and, once the reverse index is known (it
+        says where the entry ends) and the entry is small, the whole entry read at once
+        for :meth:`inflate_entry`: one read instead of a header read and a stream."""
+        offs = self._sorted_offsets
+        if offs is not None:
+            rank = bisect_left(offs, offset, 0, self.count)
+            if rank < self.count and offs[rank] == offset:
+                end = offs[rank + 1]
+                if end - offset <= _WHOLE_READ:
+                    buf = os.pread(self.fd, end - offset, offset)
+                    return self.parse_header(buf[:_HEADER_READ], offset), buf
+        return self.read_header(offset), None
+
+    def inflate_entry(self, hdr: EntryHeader, buf: bytes | None, offset: int) -> bytes:
+        """:meth:`inflate`, from the bytes :meth:`read_entry` read when it did."""
+        if buf is None:
+            return self.inflate(hdr)
+        try:
+            out = zlib.decompress(memoryview(buf)[hdr.data_offset - offset :], bufsize=hdr.size or 1)
+        except zlib.error as exc:
+            raise self.corrupt(f"bad zlib data in entry at {hdr.data_offset}: {exc}") from None
+        if len(out) != hdr.size:
+            raise self.corrupt(f"bad entry size at {hdr.data_offset}")
+        return out
 
     def read_raw(self, start: int, end: int) -> bytes:
         return os.pread(self.fd, end - start, start)
