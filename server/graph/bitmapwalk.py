@@ -19,7 +19,7 @@ from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
-from .commits import CommitSource
+from .commits import CommitInfo, CommitSource
 from .treewalk import TreeDiffWalk
 
 _TreeRoot = tuple[bytes, bytes | None, bytes | None]
@@ -155,14 +155,26 @@ class BitmapIndex:
         (tree, commit, first parent), newest first, for :meth:`_walk_trees`.
         """
         bm = self.bm
+        commit = self.src.commit
+        infos: dict[bytes, CommitInfo] = {}  # each commit is asked for once or twice
+
+        def info(oid: bytes) -> CommitInfo:
+            found = infos.get(oid)
+            if found is None:
+                found = infos[oid] = commit(oid)
+            return found
+
         heap: list[tuple[int, bytes]] = []
+        closures = 0
         for oid in start:
             rank = self.rank(oid)
             closure = bm.bitmap_for(rank) if rank is not None else None
             if closure is not None:
-                reach.bits = reach.bits | closure
+                closures |= closure
             else:
-                heapq.heappush(heap, (-self.src.commit(oid).time, oid))
+                heapq.heappush(heap, (-info(oid).time, oid))
+        if closures:
+            reach.bits = reach.bits | closures
         trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
@@ -175,10 +187,11 @@ class BitmapIndex:
                     reach.bits = reach.bits | closure
                     continue
             self.add(reach, oid, rank, OBJ_COMMIT)
-            info = self.src.commit(oid)
-            trees.append((info.tree, oid, info.parents[0] if info.parents else None))
-            for parent in info.parents:
-                heapq.heappush(heap, (-self.src.commit(parent).time, parent))
+            found = info(oid)
+            parents = found.parents
+            trees.append((found.tree, oid, parents[0] if parents else None))
+            for parent in parents:
+                heapq.heappush(heap, (-info(parent).time, parent))
         return trees
 
     def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:

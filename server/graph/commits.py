@@ -11,7 +11,7 @@ import heapq
 import re
 from binascii import a2b_hex
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dulwich.objects import parse_tree
 
@@ -27,8 +27,9 @@ TreeChange = tuple[int, bytes, bytes | None]
 """A tree entry that differs from its base: (mode, binary id, the base's id at its name)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CommitInfo:
+class CommitInfo(NamedTuple):
+    """A commit's root tree, parents and committer time (a tuple: walks make many)."""
+
     tree: bytes
     parents: tuple[bytes, ...]
     time: int
@@ -167,7 +168,7 @@ class CommitSource:
         return info
 
     def object_type(self, oid: bytes) -> int:
-        if oid in self._commits:
+        if oid in self._commits or (self.graph is not None and self.graph.find(oid) >= 0):
             return OBJ_COMMIT
         found = self.odb.object_size(oid)
         if found is None:
