@@ -85,27 +85,43 @@ def _whole_entries(hash_len: int) -> re.Pattern[bytes]:
     """Any number of whole tree entries (mode and name up to a NUL, then the id): matched up
     to a position, it ends where the entry holding that position starts. The regular
     expression engine steps over the entries in C."""
-    return re.compile(rb"(?:[^\0]*\0[\s\S]{%d})*" % hash_len)
+    return re.compile(rb"(?:[^\0]*\0.{%d})*" % hash_len, re.DOTALL)
+
+
+def _first_difference(a: bytes, b: bytes, lo: int, hi: int) -> int:
+    """The first index in [lo, hi) where ``a`` and ``b`` differ, or ``hi``: halving the
+    range with slice comparisons (memcmp), a few Python steps whatever the length."""
+    if a[lo:hi] == b[lo:hi]:
+        return hi
+    while hi - lo > 32:
+        mid = (lo + hi) >> 1
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
     """The changes between two trees of the same length whose bytes differ only inside
     entry ids (same modes, same names, same order), or None when they differ otherwise.
 
-    The two trees are XORed as integers (at C speed): the highest set bit is the first byte
-    that differs. Entry boundaries are found from the start of ``new`` only up to the last
-    difference, one ``find`` of the name's NUL per entry, and nothing is parsed past it.
-    Identical bytes before an entry parse identically in both trees, so each difference
-    that falls inside an id belongs to the same entry of both.
+    Each difference is found by comparing the bytes (:func:`_first_difference`); entry
+    boundaries are found from the start of ``new`` only up to the last difference, and
+    nothing is parsed past it. Identical bytes before an entry parse identically in both
+    trees, so a difference that falls inside an id belongs to the same entry of both.
     """
     n = len(new)
-    x = int.from_bytes(new, "big") ^ int.from_bytes(old, "big")
     out: list[TreeChange] = []
     find = new.find
     skip = _whole_entries(hash_len).match
     i = 0  # the start of an entry
-    while x:
-        first = n - (x.bit_length() + 7) // 8  # the first byte left that differs
+    while True:
+        first = _first_difference(new, old, i, n)
+        if first == n:
+            return out
         m = skip(new, i, first)  # the entries that end before it
         i = m.end() if m is not None else i
         nul = find(b"\0", i)
@@ -120,9 +136,7 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
         except ValueError:
             return None
         out.append((mode, new[nul + 1 : end], old[nul + 1 : end]))
-        x &= (1 << (8 * (n - end))) - 1  # the bytes after this entry
         i = end
-    return out
 
 
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
