@@ -17,8 +17,7 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,11 +25,14 @@ from .errors import StorageError
 from .lru import ByteLRU
 from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
-__all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
+__all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
+           "encode_entry_header"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
 _WHOLE_READ = 1 << 20  # entries up to this size are read in one go (read_entry)
+WINDOW = 1 << 16  # bytes of a pack read at once for a request's small entries (Windows)
+WINDOWS = 64  # windows one request keeps: 4 MiB
 
 
 class PackFormatError(StorageError):
@@ -39,11 +41,11 @@ class PackFormatError(StorageError):
     what = "corrupt pack"
 
 
-@dataclass(frozen=True, slots=True)
-class EntryHeader:
+class EntryHeader(NamedTuple):
     """A pack entry's header: ``type_num`` (1-4, 6 or 7), inflated ``size`` (of the delta
     for deltas), ``data_offset`` where the zlib stream starts, and the delta base as an
-    absolute pack offset (OFS_DELTA) or a binary object id (REF_DELTA)."""
+    absolute pack offset (OFS_DELTA) or a binary object id (REF_DELTA). A tuple: one is
+    made per entry read."""
 
     type_num: int
     size: int
@@ -132,6 +134,25 @@ class _LazyBaseRanks(Sequence[int]):
 
     def __len__(self) -> int:
         return self._pack.count
+
+
+class Windows:
+    """One request's aligned windows of the packs it reads entries from (``WINDOWS`` of
+    ``WINDOW`` bytes at most, the oldest dropped first): many small entries, one read."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, int], bytes] = {}
+
+    def get(self, pack: PackFile, at: int) -> bytes:
+        key = (id(pack), at)  # the request leases its packs: ids stay theirs meanwhile
+        win = self._held.get(key)
+        if win is None:
+            if len(self._held) >= WINDOWS:
+                del self._held[next(iter(self._held))]
+            win = self._held[key] = os.pread(pack.fd, WINDOW, at)
+        return win
 
 
 class PackFile:
@@ -481,21 +502,34 @@ class PackFile:
         except IndexError:
             raise self.corrupt(f"truncated entry header at {offset}") from None
 
-    def read_entry(self, offset: int) -> tuple[EntryHeader, bytes | None]:
+    def read_entry(self, offset: int, windows: Windows | None = None
+                   ) -> tuple[EntryHeader, bytes | memoryview | None]:
         """The header of the entry at ``offset`` and, once the reverse index is known (it
-        says where the entry ends) and the entry is small, the whole entry read at once
-        for :meth:`inflate_entry`: one read instead of a header read and a stream."""
+        says where the entry ends) and the entry is small, the whole entry for
+        :meth:`inflate_entry`: one read instead of a header read and a stream.
+
+        With ``windows`` (one request's, see :class:`Windows`), the entry comes from an
+        aligned window of the pack read once: walks read many small neighbouring
+        entries (git writes all trees together), and a system call costs more than
+        parsing an entry (docs/ARCHITECTURE.md, "Cold path")."""
         offs = self._sorted_offsets
         if offs is not None:
             rank = bisect_left(offs, offset, 0, self.count)
             if rank < self.count and offs[rank] == offset:
                 end = offs[rank + 1]
+                if windows is not None:
+                    at = offset - offset % WINDOW
+                    if end <= at + WINDOW:
+                        win = windows.get(self, at)
+                        buf = memoryview(win)[offset - at : end - at]
+                        return self.parse_header(bytes(buf[:_HEADER_READ]), offset), buf
                 if end - offset <= _WHOLE_READ:
-                    buf = os.pread(self.fd, end - offset, offset)
-                    return self.parse_header(buf[:_HEADER_READ], offset), buf
+                    raw = os.pread(self.fd, end - offset, offset)
+                    return self.parse_header(raw[:_HEADER_READ], offset), raw
         return self.read_header(offset), None
 
-    def inflate_entry(self, hdr: EntryHeader, buf: bytes | None, offset: int) -> bytes:
+    def inflate_entry(self, hdr: EntryHeader, buf: bytes | memoryview | None, offset: int
+                      ) -> bytes:
         """:meth:`inflate`, from the bytes :meth:`read_entry` read when it did."""
         if buf is None:
             return self.inflate(hdr)
