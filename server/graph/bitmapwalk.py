@@ -22,8 +22,8 @@ from ..store.packs import PackFile
 from .commits import CommitInfo, CommitSource
 from .treewalk import TreeDiffWalk
 
-_TreeRoot = tuple[bytes, bytes | None, bytes | None]
-"""(tree, the commit it is the root of, that commit's first parent)."""
+_TreeRoot = tuple[bytes, bytes | None, bytes | None, bytes | None]
+"""(tree, the commit it is the root of, that commit's first parent, the parent's tree)."""
 
 __all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported"]
 
@@ -137,7 +137,7 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append((target, None, None))
+                trees.append((target, None, None, None))
             else:
                 seen, rank = self.lookup(reach, target)
                 if not seen:
@@ -189,9 +189,10 @@ class BitmapIndex:
             self.add(reach, oid, rank, OBJ_COMMIT)
             found = info(oid)
             parents = found.parents
-            trees.append((found.tree, oid, parents[0] if parents else None))
             for parent in parents:
                 heapq.heappush(heap, (-info(parent).time, parent))
+            first = parents[0] if parents else None
+            trees.append((found.tree, oid, first, infos[first].tree if first else None))
         return trees
 
     def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:
@@ -199,13 +200,13 @@ class BitmapIndex:
         against its first parent's only when everything that tree reaches is already in
         the closure: the parent came from a bitmap, or its own walk is done. Otherwise an
         object both share could be skipped on both sides and never sent."""
-        pending = {commit for _, commit, _ in roots if commit is not None}
+        pending = {commit for _, commit, _, _ in roots if commit is not None}
         done: set[bytes] = set()
         walker = _ReachWalk(self, reach)
-        for tree, commit, parent in reversed(roots):
+        for tree, commit, parent, parent_tree in reversed(roots):
             base = None
             if parent is not None and (parent not in pending or parent in done):
-                base = self.src.commit(parent).tree
+                base = parent_tree
             walker.walk(tree, base)
             if commit is not None:
                 done.add(commit)
