@@ -155,6 +155,8 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
 COMMITS_BUDGET = 256 << 20  # bytes of parsed commits, at COMMIT_COST + PARENT_COST a parent
 COMMIT_COST = 200
 PARENT_COST = 40
+TREES_BUDGET = 8 << 20  # bytes of raw trees
+TREE_COST = 100  # the LRU's own bookkeeping per tree
 
 
 class CommitSource:
@@ -165,6 +167,7 @@ class CommitSource:
         self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
+        self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False)
 
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
@@ -200,11 +203,15 @@ class CommitSource:
         return oid, type_num, tags
 
     def tree_data(self, oid: bytes) -> bytes:
-        """The raw content of tree ``oid`` (inflated trees stay in the shared ``objects``
-        cache, so a walk meeting a tree twice reads it once)."""
-        type_num, data = self.odb.read(oid)
-        if type_num != OBJ_TREE:
-            raise ObjectStoreError(f"{oid.hex()} is not a tree")
+        """The raw content of tree ``oid``. A walk diffing each tree against its parent's
+        meets most trees twice (first as a commit's, then as its child's base): the
+        request's ``trees`` cache answers the second time without a lookup in the pack."""
+        data = self._trees.get(oid)
+        if data is None:
+            type_num, data = self.odb.read(oid)
+            if type_num != OBJ_TREE:
+                raise ObjectStoreError(f"{oid.hex()} is not a tree")
+            self._trees.put(oid, data, len(data) + TREE_COST)
         return data
 
     def tree_changes(self, tree: bytes, base: bytes | None) -> list[TreeChange]:
