@@ -19,11 +19,11 @@ from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
-from .commits import CommitSource
+from .commits import CommitInfo, CommitSource
 from .treewalk import TreeDiffWalk
 
-_TreeRoot = tuple[bytes, bytes | None, bytes | None]
-"""(tree, the commit it is the root of, that commit's first parent)."""
+_TreeRoot = tuple[bytes, bytes | None, bytes | None, bytes | None]
+"""(tree, the commit it is the root of, that commit's first parent, the parent's tree)."""
 
 __all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported"]
 
@@ -137,7 +137,7 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append((target, None, None))
+                trees.append((target, None, None, None))
             else:
                 seen, rank = self.lookup(reach, target)
                 if not seen:
@@ -155,14 +155,26 @@ class BitmapIndex:
         (tree, commit, first parent), newest first, for :meth:`_walk_trees`.
         """
         bm = self.bm
+        commit = self.src.commit
+        infos: dict[bytes, CommitInfo] = {}  # each commit is asked for once or twice
+
+        def info(oid: bytes) -> CommitInfo:
+            found = infos.get(oid)
+            if found is None:
+                found = infos[oid] = commit(oid)
+            return found
+
         heap: list[tuple[int, bytes]] = []
+        closures = 0
         for oid in start:
             rank = self.rank(oid)
             closure = bm.bitmap_for(rank) if rank is not None else None
             if closure is not None:
-                reach.bits = reach.bits | closure
+                closures |= closure
             else:
-                heapq.heappush(heap, (-self.src.commit(oid).time, oid))
+                heapq.heappush(heap, (-info(oid).time, oid))
+        if closures:
+            reach.bits = reach.bits | closures
         trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
@@ -175,10 +187,12 @@ class BitmapIndex:
                     reach.bits = reach.bits | closure
                     continue
             self.add(reach, oid, rank, OBJ_COMMIT)
-            info = self.src.commit(oid)
-            trees.append((info.tree, oid, info.parents[0] if info.parents else None))
-            for parent in info.parents:
-                heapq.heappush(heap, (-self.src.commit(parent).time, parent))
+            found = info(oid)
+            parents = found.parents
+            for parent in parents:
+                heapq.heappush(heap, (-info(parent).time, parent))
+            first = parents[0] if parents else None
+            trees.append((found.tree, oid, first, infos[first].tree if first else None))
         return trees
 
     def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:
@@ -186,13 +200,13 @@ class BitmapIndex:
         against its first parent's only when everything that tree reaches is already in
         the closure: the parent came from a bitmap, or its own walk is done. Otherwise an
         object both share could be skipped on both sides and never sent."""
-        pending = {commit for _, commit, _ in roots if commit is not None}
+        pending = {commit for _, commit, _, _ in roots if commit is not None}
         done: set[bytes] = set()
         walker = _ReachWalk(self, reach)
-        for tree, commit, parent in reversed(roots):
+        for tree, commit, parent, parent_tree in reversed(roots):
             base = None
             if parent is not None and (parent not in pending or parent in done):
-                base = self.src.commit(parent).tree
+                base = parent_tree
             walker.walk(tree, base)
             if commit is not None:
                 done.add(commit)

@@ -6,10 +6,12 @@ are parsed with dulwich's compiled ``parse_tree``.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import re
 from binascii import a2b_hex
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dulwich.objects import parse_tree
 
@@ -19,11 +21,16 @@ from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 
-__all__ = ["CommitInfo", "CommitSource", "parse_commit", "parse_tag_target", "tree_entries"]
+__all__ = ["CommitInfo", "CommitSource", "TreeChange", "parse_commit", "parse_tag_target",
+           "tree_entries"]
+
+TreeChange = tuple[int, bytes, bytes | None]
+"""A tree entry that differs from its base: (mode, binary id, the base's id at its name)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CommitInfo:
+class CommitInfo(NamedTuple):
+    """A commit's root tree, parents and committer time (a tuple: walks make many)."""
+
     tree: bytes
     parents: tuple[bytes, ...]
     time: int
@@ -68,6 +75,71 @@ def parse_tag_target(data: bytes, hex_len: int) -> tuple[bytes, int]:
     return target, type_num
 
 
+def _kind(mode: int) -> int:
+    """Tree, gitlink or blob (regular file or symlink), from a tree entry's mode."""
+    kind = mode & MODE_TYPE
+    return kind if kind in (MODE_TREE, MODE_GITLINK) else 0
+
+
+@functools.cache
+def _whole_entries(hash_len: int) -> re.Pattern[bytes]:
+    """Any number of whole tree entries (mode and name up to a NUL, then the id): matched up
+    to a position, it ends where the entry holding that position starts. The regular
+    expression engine steps over the entries in C."""
+    return re.compile(rb"(?:[^\0]*\0.{%d})*" % hash_len, re.DOTALL)
+
+
+def _first_difference(a: bytes, b: bytes, lo: int, hi: int) -> int:
+    """The first index in [lo, hi) where ``a`` and ``b`` differ, or ``hi``: halving the
+    range with slice comparisons (memcmp), a few Python steps whatever the length."""
+    if a[lo:hi] == b[lo:hi]:
+        return hi
+    while hi - lo > 32:
+        mid = (lo + hi) >> 1
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
+    """The changes between two trees of the same length whose bytes differ only inside
+    entry ids (same modes, same names, same order), or None when they differ otherwise.
+
+    Each difference is found by comparing the bytes (:func:`_first_difference`); entry
+    boundaries are found from the start of ``new`` only up to the last difference, and
+    nothing is parsed past it. Identical bytes before an entry parse identically in both
+    trees, so a difference that falls inside an id belongs to the same entry of both.
+    """
+    n = len(new)
+    out: list[TreeChange] = []
+    find = new.find
+    skip = _whole_entries(hash_len).match
+    i = 0  # the start of an entry
+    while True:
+        first = _first_difference(new, old, i, n)
+        if first == n:
+            return out
+        m = skip(new, i, first)  # the entries that end before it
+        i = m.end() if m is not None else i
+        nul = find(b"\0", i)
+        end = nul + 1 + hash_len
+        if nul < 0 or first <= nul or end > n:
+            return None  # a mode or a name differs: not this case
+        space = find(b" ", i, nul)
+        if space < 0:
+            return None
+        try:
+            mode = int(new[i:space], 8)
+        except ValueError:
+            return None
+        out.append((mode, new[nul + 1 : end], old[nul + 1 : end]))
+        i = end
+
+
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
     """(name, is_tree, binary id) for each entry; gitlinks (submodules) are skipped."""
     try:
@@ -84,7 +156,8 @@ def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, byte
 COMMITS_BUDGET = 256 << 20  # bytes of parsed commits, at COMMIT_COST + PARENT_COST a parent
 COMMIT_COST = 200
 PARENT_COST = 40
-TREE_ENTRIES = 64  # parsed trees: a walk diffing each tree against its parent's meets most twice
+TREES_BUDGET = 8 << 20  # bytes of raw trees
+TREE_COST = 100  # the LRU's own bookkeeping per tree
 
 
 class CommitSource:
@@ -95,8 +168,7 @@ class CommitSource:
         self.graph = graph
         self.hex_len = odb.hash_len * 2
         self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
-        self._trees = ByteLRU[list[tuple[bytes, int, bytes]]](
-            "trees", TREE_ENTRIES, unit="entries", shared=False)
+        self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False)
 
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
@@ -122,7 +194,7 @@ class CommitSource:
         return info
 
     def object_type(self, oid: bytes) -> int:
-        if oid in self._commits:
+        if oid in self._commits or (self.graph is not None and self.graph.find(oid) >= 0):
             return OBJ_COMMIT
         if self.graph is not None and self.graph.find(oid) >= 0:
             return OBJ_COMMIT  # the commit-graph lists only commits: no pack lookup
@@ -141,20 +213,49 @@ class CommitSource:
             oid, type_num = parse_tag_target(data, self.hex_len)
         return oid, type_num, tags
 
-    def tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
-        """Raw entries (name, mode, hex id) as dulwich's parser gives them (cached per
-        request: a walk that diffs each tree against its parent's meets most trees twice)."""
-        hit = self._trees.get(oid)
-        if hit is not None:
-            return hit
-        entries = self._parse_tree_hex(oid)
-        self._trees.put(oid, entries)
-        return entries
+    def tree_data(self, oid: bytes) -> bytes:
+        """The raw content of tree ``oid``. A walk diffing each tree against its parent's
+        meets most trees twice (first as a commit's, then as its child's base): the
+        request's ``trees`` cache answers the second time without a lookup in the pack."""
+        data = self._trees.get(oid)
+        if data is None:
+            type_num, data = self.odb.read(oid)
+            if type_num != OBJ_TREE:
+                raise ObjectStoreError(f"{oid.hex()} is not a tree")
+            self._trees.put(oid, data, len(data) + TREE_COST)
+        return data
 
-    def _parse_tree_hex(self, oid: bytes) -> list[tuple[bytes, int, bytes]]:
-        type_num, data = self.odb.read(oid)
-        if type_num != OBJ_TREE:
-            raise ObjectStoreError(f"{oid.hex()} is not a tree")
+    def tree_changes(self, tree: bytes, base: bytes | None) -> list[TreeChange]:
+        """The entries of tree ``tree`` that differ from the entry of the same name in tree
+        ``base`` (all entries without a base), in tree order: (mode, id, the base's id at
+        that name or None). Ids are binary.
+
+        The common case, a commit that modified files, leaves a tree the same length as its
+        base with only some entries' ids changed: those are found from the bytes where the
+        two differ, without parsing the entries in between (docs/ARCHITECTURE.md, "Cold
+        path"). Anything else (entries added, removed or renamed) parses both.
+        """
+        data = self.tree_data(tree)
+        if base is None:
+            return [(mode, a2b_hex(hx), None) for _, mode, hx in self._parse(data)]
+        old = self.tree_data(base)
+        if len(old) == len(data):
+            found = _id_only_changes(data, old, self.odb.hash_len)
+            if found is not None:
+                return found
+        known = {name: (mode, hx) for name, mode, hx in self._parse(old)}
+        out: list[TreeChange] = []
+        for name, mode, hx in self._parse(data):
+            prev = known.get(name)
+            if prev is None:
+                out.append((mode, a2b_hex(hx), None))
+            elif prev[1] != hx:
+                # A base of another kind (a file that became a directory) is no base.
+                same_kind = _kind(prev[0]) == _kind(mode)
+                out.append((mode, a2b_hex(hx), a2b_hex(prev[1]) if same_kind else None))
+        return out
+
+    def _parse(self, data: bytes) -> list[tuple[bytes, int, bytes]]:
         try:
             return list(parse_tree(data, self.odb.hash_len))
         except Exception as exc:  # dulwich raises ObjectFormatException and friends

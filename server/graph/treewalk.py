@@ -10,8 +10,6 @@ object skipped on both sides would never be sent).
 
 from __future__ import annotations
 
-from binascii import a2b_hex
-
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE
 from .commits import CommitSource
 
@@ -36,22 +34,20 @@ class TreeDiffWalk:
 
     def walk(self, root: bytes, base: bytes | None = None) -> None:
         """Walk the tree ``root``, skipping what the tree ``base`` has at the same paths.
-        Gitlinks (submodules) are never followed."""
-        tree_hex = self.src.tree_hex
+        Gitlinks (submodules) are never followed. The entries that differ come from
+        :meth:`CommitSource.tree_changes`, which reads the two trees' bytes and parses
+        only what differs when it can."""
+        changes = self.src.tree_changes
         stack: list[tuple[bytes, bytes | None, int]] = [(root, base, 0)]
         while stack:
             tree, old_tree, depth = stack.pop()
             if tree == old_tree or not self.enter(tree, old_tree, depth):
                 continue
-            known = {name: hx for name, _, hx in tree_hex(old_tree)} if old_tree else {}
-            entries = tree_hex(tree)
-            for name, mode, hx in reversed(entries) if self.reverse else entries:
-                old = known.get(name)
-                if old == hx or mode == MODE_GITLINK:
+            found = changes(tree, old_tree)
+            for mode, oid, old in reversed(found) if self.reverse else found:
+                if mode == MODE_GITLINK:
                     continue
-                oid = a2b_hex(hx)
-                old_oid = a2b_hex(old) if old else None
                 if mode & MODE_TYPE == MODE_TREE:
-                    stack.append((oid, old_oid, depth + 1))
+                    stack.append((oid, old, depth + 1))
                 else:
-                    self.blob(oid, old_oid, depth + 1)
+                    self.blob(oid, old, depth + 1)

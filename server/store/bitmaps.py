@@ -21,7 +21,9 @@ __all__ = ["PackBitmaps", "BitmapFormatError", "decode_ewah", "iter_set_bits", "
 
 _MAGIC = b"BITM"
 _LITTLE = sys.byteorder == "little"
-DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches")
+DECODED_BITMAPS = 64  # per pack (docs/ARCHITECTURE.md, "Caches"), or DECODED_BYTES of them:
+DECODED_BYTES = 8 << 20  # a walk ORing most of a small pack's bitmaps (each XORed against
+# others) must not decode them again and again
 
 
 class BitmapFormatError(StorageError):
@@ -124,7 +126,8 @@ class PackBitmaps:
         # pack rank -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
         # objects), counted in bytes
         self._bitmap_bytes = (pack.count + 7) // 8 or 1
-        self._decoded = ByteLRU[int]("bitmaps", DECODED_BITMAPS * self._bitmap_bytes)
+        self._decoded = ByteLRU[int]("bitmaps", max(DECODED_BITMAPS * self._bitmap_bytes,
+                                                    DECODED_BYTES))
         self._read_entries(pack, pos, count)
 
     def _read_entries(self, pack: PackFile, pos: int, count: int) -> None:

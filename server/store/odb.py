@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import weakref
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dulwich.errors import ApplyDeltaError
 from dulwich.pack import apply_delta
@@ -24,7 +24,7 @@ from .faults import report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
-from .packs import EntryHeader, PackFile, PackFormatError
+from .packs import EntryHeader, PackFile, PackFormatError, Windows
 from .registry import LOOSE_ID_COST, Leased, PackRegistry
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
@@ -53,8 +53,9 @@ class MissingObject(ObjectStoreError):
         self.oid = oid
 
 
-@dataclass(frozen=True, slots=True)
-class PackedLocation:
+class PackedLocation(NamedTuple):
+    """Where a packed object is (a tuple: one is made per object read)."""
+
     pack: PackFile
     pos: int
     offset: int
@@ -85,6 +86,7 @@ class ObjectSnapshot:
         self._info_listing: Listing | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
+        self.windows = Windows()  # of the packs, for reading many small entries
         self.broken: list[PackFormatError] = []  # packs listed that cannot be read
         # Every pack and graph this snapshot froze, leased until close() (registry.py).
         self._leases: list[Leased] = []
@@ -370,20 +372,20 @@ class ObjectSnapshot:
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
         """Read and resolve the entry at ``offset`` (following delta chains)."""
         cache = self.registry.objects
-        chain: list[tuple[PackFile, int, EntryHeader]] = []
+        chain: list[tuple[PackFile, int, EntryHeader, bytes | memoryview | None]] = []
         type_num, data = 0, b""
         for _ in range(_MAX_CHAIN):
             hit = cache.get((pack.key, offset))
             if hit is not None:
                 type_num, data = hit
                 break
-            hdr = pack.read_header(offset)
+            hdr, buf = pack.read_entry(offset, self.windows)
             if hdr.type_num == OFS_DELTA:
-                chain.append((pack, offset, hdr))
+                chain.append((pack, offset, hdr, buf))
                 offset = hdr.base_offset  # type: ignore[assignment]
                 continue
             if hdr.type_num == REF_DELTA:
-                chain.append((pack, offset, hdr))
+                chain.append((pack, offset, hdr, buf))
                 assert hdr.base_oid is not None
                 loc = self.locate(hdr.base_oid, needed=True)
                 if loc is None:
@@ -393,15 +395,15 @@ class ObjectSnapshot:
                     break
                 pack, offset = loc.pack, loc.offset
                 continue
-            type_num, data = hdr.type_num, pack.inflate(hdr)
+            type_num, data = hdr.type_num, pack.inflate_entry(hdr, buf, offset)
             if chain or type_num in (OBJ_COMMIT, OBJ_TREE, OBJ_TAG):
                 cache.put((pack.key, offset), (type_num, data), len(data))
             break
         else:
             raise ObjectStoreError("delta chain too long")
-        for p, off, hdr in reversed(chain):
+        for p, off, hdr, buf in reversed(chain):
             try:
-                data = b"".join(apply_delta(data, p.inflate(hdr)))
+                data = b"".join(apply_delta(data, p.inflate_entry(hdr, buf, off)))
             except ApplyDeltaError as exc:
                 raise p.corrupt(f"bad delta in entry at {off}: {exc}") from None
             cache.put((p.key, off), (type_num, data), len(data))

@@ -18,18 +18,23 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from .errors import StorageError
 from .faults import report_unusable
 from .lru import ByteLRU
 from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
 
-__all__ = ["PackFile", "PackFormatError", "EntryHeader", "parse_entry_header", "encode_entry_header"]
+__all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
+           "encode_entry_header"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
+_WHOLE_READ = 1 << 20  # entries up to this size are read in one go (read_entry)
+WINDOW = 1 << 16  # bytes of a pack read at once for a request's small entries (Windows)
+WINDOWS = 64  # windows one request keeps: 4 MiB
 
 
 class PackFormatError(StorageError):
@@ -39,11 +44,11 @@ class PackFormatError(StorageError):
     kind = "pack"
 
 
-@dataclass(frozen=True, slots=True)
-class EntryHeader:
+class EntryHeader(NamedTuple):
     """A pack entry's header: ``type_num`` (1-4, 6 or 7), inflated ``size`` (of the delta
     for deltas), ``data_offset`` where the zlib stream starts, and the delta base as an
-    absolute pack offset (OFS_DELTA) or a binary object id (REF_DELTA)."""
+    absolute pack offset (OFS_DELTA) or a binary object id (REF_DELTA). A tuple: one is
+    made per entry read."""
 
     type_num: int
     size: int
@@ -106,6 +111,13 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
     return bytes(out)
 
 
+def _as_array(code: str, values: np.ndarray) -> array:
+    """A numpy vector as an ``array`` of ``code`` (native byte order), copied once."""
+    out = array(code)
+    out.frombytes(values.astype(f"={'u4' if code == 'I' else 'u8'}", copy=False).tobytes())
+    return out
+
+
 def _replaced(path: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
 
@@ -125,6 +137,25 @@ class _LazyBaseRanks(Sequence[int]):
 
     def __len__(self) -> int:
         return self._pack.count
+
+
+class Windows:
+    """One request's aligned windows of the packs it reads entries from (``WINDOWS`` of
+    ``WINDOW`` bytes at most, the oldest dropped first): many small entries, one read."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, int], bytes] = {}
+
+    def get(self, pack: PackFile, at: int) -> bytes:
+        key = (id(pack), at)  # the request leases its packs: ids stay theirs meanwhile
+        win = self._held.get(key)
+        if win is None:
+            if len(self._held) >= WINDOWS:
+                del self._held[next(iter(self._held))]
+            win = self._held[key] = os.pread(pack.fd, WINDOW, at)
+        return win
 
 
 class PackFile:
@@ -363,20 +394,20 @@ class PackFile:
 
     # -- reverse index ---------------------------------------------------------
 
-    def _all_offsets(self) -> array:
-        """Every entry's offset in index order, read as one array (C speed)."""
-        n = self.count
-        offs = array("I")
-        offs.frombytes(self._idx[self._ofs_at : self._ofs_at + 4 * n])
-        if sys.byteorder == "little":
-            offs.byteswap()
-        wide = array("Q", offs)
-        for i, off in enumerate(offs):
-            if off & 0x80000000:
-                wide[i] = self.offset_at(i)
-        return wide
+    def _all_offsets(self) -> np.ndarray:
+        """Every entry's offset in index order (numpy, no Python step per entry)."""
+        n, idx = self.count, self._idx
+        offs = np.frombuffer(idx[self._ofs_at : self._ofs_at + 4 * n], dtype=">u4").astype(np.uint64)
+        large = (offs & 0x80000000) != 0
+        if large.any():
+            table = np.frombuffer(idx[self._large_at : len(idx) - 2 * self.hash_len], dtype=">u8")
+            at = (offs[large] & 0x7FFFFFFF).astype(np.intp)
+            if len(at) and int(at.max()) >= len(table):
+                raise self.corrupt("large offset out of range", ".idx")
+            offs[large] = table[at]
+        return offs
 
-    def _read_rev_file(self) -> array | None:
+    def _read_rev_file(self) -> np.ndarray | None:
         """pack-*.rev (git 2.31+): index positions in pack order, if present and sane: its
         size, the pack checksum it records and its own checksum are checked (it is read
         whole anyway); a damaged one is reported once and the offsets are sorted instead."""
@@ -400,16 +431,10 @@ class PackFile:
             report_unusable("rev", self.base + ".rev", self.key, self.corrupt(why, ".rev"),
                             "sorting offsets instead")
             return None
-        order = array("I")
-        order.frombytes(data[12 : 12 + 4 * n])
-        if sys.byteorder == "little":
-            order.byteswap()
+        order = np.frombuffer(data, dtype=">u4", count=n, offset=12).astype(np.uint32)
+        if n and int(order.max()) >= n:
+            return None
         return order
-
-    def _sort_by_offset(self, offsets: array) -> array:
-        """Index positions in offset order: one sort in C keyed by the offsets array (the
-        list of positions it sorts is transient; it becomes a flat array at once)."""
-        return array("I", sorted(range(len(offsets)), key=offsets.__getitem__))
 
     def _load_reverse(self) -> None:
         order, inverse, sorted_offsets = self.derived("reverse", self._compute_reverse)
@@ -418,17 +443,20 @@ class PackFile:
         self._sorted_offsets = sorted_offsets
 
     def _compute_reverse(self) -> tuple[tuple[array, array, array], int]:
+        """The reverse index from the .rev file, or sorted from the index's offsets (with
+        numpy: a cold request must not pay a Python step per object; C git sorts too)."""
         offsets = self._all_offsets()
         order = self._read_rev_file()
         if order is None:
-            order = self._sort_by_offset(offsets)
-        sorted_offsets = array("Q", map(offsets.__getitem__, order))
-        sorted_offsets.append(self.pack_size - self.hash_len)
-        del offsets
-        inverse = array("I", bytes(4 * self.count))
-        for rank, pos in enumerate(order):
-            inverse[pos] = rank
-        return (order, inverse, sorted_offsets), 16 * self.count
+            order = np.argsort(offsets).astype(np.uint32)  # offsets are distinct
+        n = self.count
+        ends = np.empty(n + 1, dtype=np.uint64)
+        ends[:n] = offsets[order]
+        ends[n] = self.pack_size - self.hash_len
+        inverse = np.empty(n, dtype=np.uint32)
+        inverse[order] = np.arange(n, dtype=np.uint32)
+        # Kept as arrays: element access from Python is several times cheaper than numpy's.
+        return (_as_array("I", order), _as_array("I", inverse), _as_array("Q", ends)), 16 * n
 
     def rank_of_index_pos(self, pos: int) -> int:
         """Pack-order rank of the object at index position ``pos``."""
@@ -519,6 +547,45 @@ class PackFile:
             raise self.corrupt(str(exc)) from None
         except IndexError:
             raise self.corrupt(f"truncated entry header at {offset}") from None
+
+    def read_entry(self, offset: int, windows: Windows | None = None
+                   ) -> tuple[EntryHeader, bytes | memoryview | None]:
+        """The header of the entry at ``offset`` and, once the reverse index is known (it
+        says where the entry ends) and the entry is small, the whole entry for
+        :meth:`inflate_entry`: one read instead of a header read and a stream.
+
+        With ``windows`` (one request's, see :class:`Windows`), the entry comes from an
+        aligned window of the pack read once: walks read many small neighbouring
+        entries (git writes all trees together), and a system call costs more than
+        parsing an entry (docs/ARCHITECTURE.md, "Cold path")."""
+        offs = self._sorted_offsets
+        if offs is not None:
+            rank = bisect_left(offs, offset, 0, self.count)
+            if rank < self.count and offs[rank] == offset:
+                end = offs[rank + 1]
+                if windows is not None:
+                    at = offset - offset % WINDOW
+                    if end <= at + WINDOW:
+                        win = windows.get(self, at)
+                        buf = memoryview(win)[offset - at : end - at]
+                        return self.parse_header(bytes(buf[:_HEADER_READ]), offset), buf
+                if end - offset <= _WHOLE_READ:
+                    raw = os.pread(self.fd, end - offset, offset)
+                    return self.parse_header(raw[:_HEADER_READ], offset), raw
+        return self.read_header(offset), None
+
+    def inflate_entry(self, hdr: EntryHeader, buf: bytes | memoryview | None, offset: int
+                      ) -> bytes:
+        """:meth:`inflate`, from the bytes :meth:`read_entry` read when it did."""
+        if buf is None:
+            return self.inflate(hdr)
+        try:
+            out = zlib.decompress(memoryview(buf)[hdr.data_offset - offset :], bufsize=hdr.size or 1)
+        except zlib.error as exc:
+            raise self.corrupt(f"bad zlib data in entry at {hdr.data_offset}: {exc}") from None
+        if len(out) != hdr.size:
+            raise self.corrupt(f"bad entry size at {hdr.data_offset}")
+        return out
 
     def read_raw(self, start: int, end: int) -> bytes:
         return os.pread(self.fd, end - start, start)

@@ -1,0 +1,255 @@
+"""The cold path's building blocks against git itself (docs/ARCHITECTURE.md, "Cold path").
+
+* The reverse index (sorted with numpy, or read from a ``.rev`` file, with or without
+  64-bit offsets in the ``.idx``) is git's pack order, as ``git show-index`` tells it.
+* The tree diff that reads two trees' bytes and parses only where they differ finds the
+  same changes as a diff of the fully parsed trees, for every commit of a history made of
+  edits, additions, removals, renames, a file turned directory and names that look like
+  tree entries.
+* The bitmap walk's object set for each ref (most of them tips without a bitmap) is
+  ``git rev-list --objects`` of that ref, and a mirror clone of every layout over HTTP
+  passes ``git fsck`` with the same refs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from dulwich.objects import parse_tree
+from gitspout.server.core.context import RequestContext
+from gitspout.server.graph.bitmapwalk import open_bitmap_index
+from gitspout.server.store.objformat import OBJ_COMMIT
+from gitspout.server.store.odb import PackRegistry
+from gitspout.server.store.repos import RepoResolver
+from gitutil import Git, fsck, git_env, repo_state, start_server
+
+LAYOUTS = ("plain", "rev", "large")
+
+
+class _Stream:
+    """A ``git fast-import`` stream: hundreds of commits in well under a second."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.marks = 0
+        self.when = 1_600_000_000
+
+    def _data(self, text: str) -> None:
+        raw = text.encode()
+        self.parts.append(b"data %d\n%s\n" % (len(raw), raw))
+
+    def commit(self, ref: str, changes: dict[str, str | None], message: str,
+               parent: int | None = None) -> int:
+        self.marks += 1
+        self.when += 60
+        self.parts.append(f"commit {ref}\nmark :{self.marks}\n"
+                          f"committer C <c@example.com> {self.when} +0000\n".encode())
+        self._data(message)
+        if parent is not None:
+            self.parts.append(f"from :{parent}\n".encode())
+        for path, content in changes.items():
+            if content is None:
+                self.parts.append(f"D {path}\n".encode())
+            else:
+                self.parts.append(f"M 100644 inline {path}\n".encode())
+                self._data(content)
+        self.parts.append(b"\n")
+        return self.marks
+
+    def branch(self, ref: str, mark: int) -> None:
+        self.parts.append(f"reset {ref}\nfrom :{mark}\n\n".encode())
+
+    def tag(self, name: str, mark: int) -> None:
+        self.parts.append(f"tag {name}\nfrom :{mark}\n"
+                          f"tagger C <c@example.com> {self.when} +0000\n".encode())
+        self._data(f"release {name}")
+
+
+def _history(git: Git, repo: Path) -> None:
+    """Edits of one file (trees of the same length), several files with new entries,
+    removals, a rename, a file turned directory, names with spaces and digits, an annotated
+    tag, and side branches left behind more than 100 commits ago (git gives them no
+    bitmap) beside a topic branch."""
+    s = _Stream()
+    files: dict[str, str | None] = {f"src/mod{i:02}.py": f"# module {i}\n" * 3 for i in range(40)}
+    files.update({"README": "hello\n", "docs/a b.txt": "spaces\n",
+                  "100644 x": "a name that looks like an entry\n", "bin/tool": "x" * 50})
+    main = s.commit("refs/heads/main", files, "initial")
+    for i in range(60):
+        main = s.commit("refs/heads/main", {f"src/mod{(7 * i) % 40:02}.py": f"# edit {i}\n"},
+                        f"edit {i}")
+        if i % 5 == 0:
+            main = s.commit("refs/heads/main", {f"src/mod{i % 40:02}.py": f"# a\n{i}\n",
+                                                f"docs/n{i}.md": f"{i}\n", "README": f"hi {i}\n"},
+                            f"several {i}")
+        if i % 7 == 3:
+            side = s.commit(f"refs/heads/side{i}", {f"new/dir{i}/f.txt": f"{i}\n",
+                                                   "src/mod03.py": f"# side {i}\n"},
+                            f"side {i}", parent=main)
+            s.commit(f"refs/heads/side{i}", {f"new/dir{i}/g.txt": f"{i}\n"}, f"side {i} 2",
+                     parent=side)
+    main = s.commit("refs/heads/main", {"src/mod05.py": None}, "remove")
+    main = s.commit("refs/heads/main", {"src/mod06.py": None,
+                                        "src/mod06-renamed.py": "# module 6\n" * 3}, "rename")
+    main = s.commit("refs/heads/main", {"bin/tool": None, "bin/tool/now-a-dir": "d\n"},
+                    "file becomes a directory")
+    s.tag("v1", main)
+    fork = main
+    for i in range(130):
+        main = s.commit("refs/heads/main", {f"src/mod{(3 * i) % 40:02}.py": f"# late {i}\n"},
+                        f"late {i}")
+    topic = fork
+    for i in range(4):
+        topic = s.commit("refs/heads/topic", {f"topic/{i}.txt": f"{i}\n",
+                                              "src/mod02.py": f"# topic {i}\n"},
+                         f"topic {i}", parent=topic)
+    git.run("init", "-q", "--bare", str(repo))
+    git.run("fast-import", "--quiet", cwd=repo, input=b"".join(s.parts))
+
+
+@pytest.fixture(scope="module")
+def layouts(git: Git, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One history served as three bitmapped single-pack layouts: the index's 32-bit
+    offsets and no ``.rev``; a ``.rev`` file; 64-bit offsets for most entries."""
+    build = tmp_path_factory.mktemp("build")
+    root = tmp_path_factory.mktemp("layouts")
+    _history(git, build / "src.git")
+    for name in LAYOUTS:
+        repo = root / f"{name}.git"
+        git.run("clone", "-q", "--mirror", str(build / "src.git"), str(repo))
+        extra = ["-c", "pack.writeReverseIndex=true"] if name == "rev" else \
+            ["-c", "pack.writeReverseIndex=false"]
+        git.run(*extra, "repack", "-q", "-adb", cwd=repo)
+        packs = list((repo / "objects" / "pack").glob("*.pack"))
+        assert len(packs) == 1
+        if name == "large":  # index entries past offset 0x100 in the 64-bit table
+            idx = packs[0].with_suffix(".idx")
+            idx.unlink()
+            git.run("index-pack", "--index-version=2,0x100", str(packs[0]), cwd=repo)
+        assert packs[0].with_suffix(".rev").exists() == (name == "rev")
+        assert packs[0].with_suffix(".bitmap").exists()
+    return root
+
+
+def _context(root: Path, name: str) -> RequestContext:
+    return RequestContext(RepoResolver(str(root)).resolve(name), PackRegistry(), b"test")
+
+
+def _git_pack_order(git: Git, idx: Path) -> list[tuple[int, bytes]]:
+    """(offset, id) of every entry in pack order, from ``git show-index``."""
+    rows = []
+    for line in git.run("show-index", input=idx.read_bytes()).stdout.decode().splitlines():
+        off, hx = line.split()[:2]
+        rows.append((int(off), bytes.fromhex(hx)))
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reverse_index_is_git_pack_order(git: Git, layouts: Path, layout: str) -> None:
+    ctx = _context(layouts, f"{layout}.git")
+    try:
+        (pack,) = ctx.odb.packs
+        expected = _git_pack_order(git, Path(pack.base + ".idx"))
+        if layout == "large":
+            assert max(off for off, _ in expected) > 0x100 and pack.offset_at(0) >= 0
+        offs = pack.sorted_offsets
+        assert list(offs[: pack.count]) == [off for off, _ in expected]
+        assert offs[pack.count] == pack.pack_size - pack.hash_len
+        for rank, (off, oid) in enumerate(expected):
+            pos = pack.find(oid)
+            assert pack.pack_order[rank] == pos
+            assert pack.rank_of_index_pos(pos) == rank
+            assert pack.offset_at(pos) == off
+    finally:
+        ctx.close()
+
+
+def _full_diff(old: bytes | None, new: bytes) -> list[tuple[int, bytes, bytes | None]]:
+    """What differs, from both trees parsed whole: the reference for ``tree_changes``."""
+    known = {n: (m, bytes.fromhex(h.decode())) for n, m, h in parse_tree(old, 20)} if old else {}
+    out = []
+    for name, mode, hx in parse_tree(new, 20):
+        oid = bytes.fromhex(hx.decode())
+        prev = known.get(name)
+        if prev is None:
+            out.append((mode, oid, None))
+        elif prev[1] != oid:
+            same_kind = (prev[0] & 0o170000 == 0o040000) == (mode & 0o170000 == 0o040000)
+            out.append((mode, oid, prev[1] if same_kind else None))
+    return out
+
+
+def test_tree_changes_match_a_full_diff(git: Git, layouts: Path) -> None:
+    ctx = _context(layouts, "plain.git")
+    try:
+        src = ctx.src
+        pairs = 0
+        fast = 0
+        lines = git.out("--git-dir", str(layouts / "plain.git"), "rev-list", "--all",
+                        "--parents").splitlines()
+        stack = []
+        for line in lines:
+            commit, *parents = (bytes.fromhex(x) for x in line.split())
+            if parents:
+                stack.append((src.commit(commit).tree, src.commit(parents[0]).tree))
+        seen = set()
+        while stack:
+            new, old = stack.pop()
+            if (new, old) in seen or new == old:
+                continue
+            seen.add((new, old))
+            got = src.tree_changes(new, old)
+            assert got == _full_diff(src.tree_data(old), src.tree_data(new)), (new.hex(), old.hex())
+            pairs += 1
+            fast += len(src.tree_data(new)) == len(src.tree_data(old))
+            for mode, oid, base in got:
+                if mode & 0o170000 == 0o040000 and base is not None:
+                    stack.append((oid, base))
+        assert pairs > 60 and fast > 20  # both ways of diffing were taken
+        root = src.commit(bytes.fromhex(lines[-1].split()[0])).tree
+        assert src.tree_changes(root, None) == _full_diff(None, src.tree_data(root))
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bitmap_walk_of_each_ref_is_rev_list(git: Git, layouts: Path, layout: str) -> None:
+    repo = layouts / f"{layout}.git"
+    ctx = _context(layouts, f"{layout}.git")
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        refs = git.out("--git-dir", str(repo), "for-each-ref", "--format=%(objectname)")
+        tips = sorted({bytes.fromhex(x) for x in refs.split()})
+        without_bitmap = 0
+        for tip in tips:
+            target, type_num, _ = ctx.src.peel(tip)
+            rank = bi.rank(target)
+            without_bitmap += type_num == OBJ_COMMIT and bi.bm.bitmap_for(rank) is None
+            reach = bi.reach([tip])
+            listed = git.out("--git-dir", str(repo), "rev-list", "--objects", tip.hex())
+            expected = {bytes.fromhex(line[:40]) for line in listed.splitlines()}
+            got = {bi.pack.oid_at(bi.pack.pack_order[r])
+                   for r in range(bi.pack.count) if reach.test(r)}
+            assert got | set(reach.extra) == expected, tip.hex()
+        assert without_bitmap >= 1
+    finally:
+        ctx.close()
+
+
+def test_mirror_clone_of_each_layout(git: Git, layouts: Path, tmp_path: Path) -> None:
+    server = start_server(layouts)
+    try:
+        for layout in LAYOUTS:
+            out = tmp_path / f"{layout}.git"
+            subprocess.run(["git", "clone", "-q", "--mirror", f"{server.url}/{layout}.git",
+                            str(out)], env=git_env(git.home), check=True, capture_output=True,
+                           timeout=120)
+            fsck(git, out)
+            assert repo_state(git, out) == repo_state(git, layouts / f"{layout}.git")
+            shutil.rmtree(out)
+    finally:
+        server.stop()
