@@ -12,7 +12,14 @@ import hashlib
 import heapq
 from collections.abc import Iterable
 
-from gitspout.protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
+from gitspout.protocol.filters import (
+    BlobLimit,
+    BlobNone,
+    FilterSpec,
+    ObjectType,
+    TreeDepth,
+    iter_filter_leaves,
+)
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from ..store.lru import ByteLRU
@@ -199,45 +206,73 @@ class BitmapIndex:
 
     # -- filters -------------------------------------------------------------------
 
-    def apply_filter(self, reach: Reach, spec: FilterSpec | None, keep: Iterable[bytes]) -> None:
-        """Drop what ``spec`` filters out (wanted objects in ``keep`` always stay)."""
+    def apply_filter(self, reach: Reach, spec: FilterSpec | None, wants: Iterable[bytes]) -> None:
+        """Drop what ``spec`` filters out of ``reach``, as git's ``filter_bitmap`` does
+        (pack-bitmap.c): whole types are masked with the type bitmaps, blob sizes read from
+        the entry headers (for a delta, the result size its delta header gives). The tips
+        (each want, the tags its chain passes and the object it peels to) are never
+        filtered, as the walk never filters what the client named; a tip the client has
+        (cut by its haves) stays cut. ``combine:`` applies its filters one after another,
+        with the same tips."""
         if spec is None:
             return
+        tips, tip_extra = self._tips(reach, wants)
+        for leaf in iter_filter_leaves(spec):
+            self._apply_leaf(reach, leaf, tips, tip_extra)
+
+    def _tips(self, reach: Reach, wants: Iterable[bytes]) -> tuple[int, set[bytes]]:
+        """The tips as pack bits, and those outside the bitmapped pack. A want's type comes
+        from the type bitmaps; only tags are read (to peel them)."""
+        tags = self.bm.tags
+        marks = bytearray(reach.nbytes)
+        extra: set[bytes] = set()
+
+        def mark(oid: bytes, rank: int | None) -> None:
+            if rank is None:
+                extra.add(oid)
+            else:
+                marks[rank >> 3] |= 1 << (rank & 7)
+
+        for oid in dict.fromkeys(wants):
+            rank = self.rank(oid)
+            mark(oid, rank)
+            if (tags >> rank & 1) if rank is not None else reach.extra.get(oid) == OBJ_TAG:
+                target, _, chain = self.src.peel(oid)
+                for t in chain[1:] + [target]:
+                    mark(t, self.rank(t))
+        return int.from_bytes(marks, "little"), extra
+
+    def _apply_leaf(self, reach: Reach, spec: FilterSpec, tips: int, tip_extra: set[bytes]) -> None:
         bm = self.bm
+        if isinstance(spec, BlobLimit):
+            self._drop_large_blobs(reach, spec.limit, tips, tip_extra)
+            return
         if isinstance(spec, BlobNone):
-            reach.bits &= ~bm.blobs
             drop = {OBJ_BLOB}
-        elif isinstance(spec, TreeDepth):  # only depth 0 gets here
-            reach.bits &= ~(bm.blobs | bm.trees)
+        elif isinstance(spec, TreeDepth) and spec.depth == 0:
             drop = {OBJ_BLOB, OBJ_TREE}
         elif isinstance(spec, ObjectType):
-            t = TYPE_NUMS[spec.type_name.encode()]
-            reach.bits &= {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs,
-                           OBJ_TAG: bm.tags}[t]
-            drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {t}
-        elif isinstance(spec, BlobLimit):
-            self._drop_large_blobs(reach, spec.limit)
-            drop = set()
+            drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {TYPE_NUMS[spec.type_name.encode()]}
         else:
             raise ValueError(f"filter {spec!r} is not done with bitmaps")
-        for oid in [o for o, t in reach.extra.items() if t in drop]:
+        masks = {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs, OBJ_TAG: bm.tags}
+        mask = 0
+        for t in drop:
+            mask |= masks[t]
+        reach.bits = reach.bits & ~(mask & ~tips)
+        for oid in [o for o, t in reach.extra.items() if t in drop and o not in tip_extra]:
             del reach.extra[oid]
-        for oid in keep:
-            target, type_num, tags = self.src.peel(oid)
-            for obj, t in [(tag, OBJ_TAG) for tag in tags] + [(target, type_num)]:
-                seen, rank = self.lookup(reach, obj)
-                if not seen:
-                    self.add(reach, obj, rank, t)
 
-    def _drop_large_blobs(self, reach: Reach, limit: int) -> None:
+    def _drop_large_blobs(self, reach: Reach, limit: int, tips: int, tip_extra: set[bytes]) -> None:
         odb: ObjectSnapshot = self.src.odb
+        pack = self.pack
+        offs = pack.sorted_offsets
         big = bytearray(reach.nbytes)
-        for rank in iter_set_bits(reach.bits & self.bm.blobs, self.pack.count):
-            size = odb.packed_size(self.pack, self.pack.sorted_offsets[rank])[1]
-            if size >= limit:
+        for rank in iter_set_bits(reach.bits & self.bm.blobs & ~tips, pack.count):
+            if odb.packed_object_size(pack, offs[rank]) >= limit:
                 big[rank >> 3] |= 1 << (rank & 7)
         reach.bits = reach.bits & ~int.from_bytes(big, "little")
-        for oid in [o for o, t in reach.extra.items() if t == OBJ_BLOB]:
+        for oid in [o for o, t in reach.extra.items() if t == OBJ_BLOB and o not in tip_extra]:
             found = odb.object_size(oid)
             if found is None or found[1] >= limit:
                 del reach.extra[oid]
@@ -285,10 +320,13 @@ class ReachSet:
 
 
 def bitmap_filter_supported(spec: FilterSpec | None) -> bool:
-    """Filters git's pack-bitmap.c also answers from bitmaps."""
-    if spec is None or isinstance(spec, (BlobNone, BlobLimit, ObjectType)):
+    """Filters git's pack-bitmap.c also answers from bitmaps (``can_filter_bitmap``):
+    blob:none, blob:limit, tree:0, object:type, and a combine: of those only."""
+    if spec is None:
         return True
-    return isinstance(spec, TreeDepth) and spec.depth == 0
+    return all(isinstance(leaf, (BlobNone, BlobLimit, ObjectType))
+               or (isinstance(leaf, TreeDepth) and leaf.depth == 0)
+               for leaf in iter_filter_leaves(spec))
 
 
 def open_bitmap_index(src: CommitSource) -> BitmapIndex | None:
