@@ -32,7 +32,8 @@ from .treewalk import TreeDiffWalk
 _TreeRoot = tuple[bytes, bytes | None, bytes | None]
 """(tree, the commit it is the root of, that commit's first parent)."""
 
-__all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported"]
+__all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported",
+           "filter_needs_trees"]
 
 
 class Reach:
@@ -120,21 +121,30 @@ class BitmapIndex:
         else:
             reach.extra[oid] = type_num
 
-    def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach]) -> Reach:
+    def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach],
+                     trees: bool = True) -> Reach:
         """:meth:`reach`, remembered across requests by (pack, roots): a clone storm on one
-        ref state computes its object set once. Packs never change, so the key is exact."""
+        ref state computes its object set once. Packs never change, so the key is exact.
+        A whole closure also answers a request that needs no trees (``trees=False``)."""
         key = (self.pack.key, hashlib.sha1(b"".join(sorted(set(roots)))).digest())
         hit = cache.get(key)
+        if hit is None and not trees:
+            key = (*key, "commits")
+            hit = cache.get(key)
         if hit is None:
-            hit = self.reach(roots)
+            hit = self.reach(roots, trees=trees)
             cache.put(key, hit, hit.nbytes + 64 * len(hit.extra))
         return hit.copy()
 
-    def reach(self, roots: Iterable[bytes], base: Reach | None = None) -> Reach:
-        """Everything reachable from ``roots`` (binary ids of any type)."""
+    def reach(self, roots: Iterable[bytes], base: Reach | None = None,
+              trees: bool = True) -> Reach:
+        """Everything reachable from ``roots`` (binary ids of any type). With ``trees``
+        False, the trees and blobs of commits outside the bitmaps are left out (roots
+        themselves are always in): enough for a filter that drops every tree and blob
+        but the tips (:func:`filter_needs_trees`), and the slowest part of a cold closure."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
-        trees: list[_TreeRoot] = []
+        roots_t: list[_TreeRoot] = []
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
@@ -144,13 +154,20 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append((target, None, None))
+                roots_t.append((target, None, None))
             else:
                 seen, rank = self.lookup(reach, target)
                 if not seen:
                     self.add(reach, target, rank, type_num)
-        trees.extend(self._walk_commits(reach, commits))
-        self._walk_trees(reach, trees)
+        walked = self._walk_commits(reach, commits)
+        if not trees:
+            for tree, _, _ in roots_t:
+                seen, rank = self.lookup(reach, tree)
+                if not seen:
+                    self.add(reach, tree, rank, OBJ_TREE)
+            return reach
+        roots_t.extend(walked)
+        self._walk_trees(reach, roots_t)
         return reach
 
     def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[_TreeRoot]:
@@ -317,6 +334,16 @@ class ReachSet:
 
     def add(self, oid: bytes, type_num: int) -> None:
         self.bi.add(self.reach, oid, self.bi.rank(oid), type_num)
+
+
+def filter_needs_trees(spec: FilterSpec | None) -> bool:
+    """False when ``spec`` drops every tree and blob other than the tips (tree:0,
+    object:type=commit or tag, alone or in a combine:): the closure need not walk trees."""
+    if spec is None:
+        return True
+    return not any((isinstance(leaf, TreeDepth) and leaf.depth == 0)
+                   or (isinstance(leaf, ObjectType) and leaf.type_name in ("commit", "tag"))
+                   for leaf in iter_filter_leaves(spec))
 
 
 def bitmap_filter_supported(spec: FilterSpec | None) -> bool:

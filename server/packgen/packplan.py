@@ -14,7 +14,14 @@ from collections.abc import Iterator, Sequence
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.stats import Progress
-from ..graph.bitmapwalk import BitmapIndex, Reach, ReachSet, bitmap_filter_supported, open_bitmap_index
+from ..graph.bitmapwalk import (
+    BitmapIndex,
+    Reach,
+    ReachSet,
+    bitmap_filter_supported,
+    filter_needs_trees,
+    open_bitmap_index,
+)
 from ..graph.reachability import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits
 from ..store.packs import PackFile
@@ -102,7 +109,8 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
 def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
     req = plan.req
     wants = _wants(plan)
-    reach = bi.reach_cached(wants, ctx.registry.reach_cache)  # type: ignore[arg-type]
+    reach = bi.reach_cached(wants, ctx.registry.reach_cache,  # type: ignore[arg-type]
+                            trees=filter_needs_trees(req.filter))
     haves: Reach | None = None
     if plan.common:
         haves = bi.reach(plan.common)
