@@ -126,7 +126,8 @@ class BitmapIndex:
         """:meth:`reach`, remembered across requests by (pack, roots): a clone storm on one
         ref state computes its object set once. Packs never change, so the key is exact.
         A whole closure also answers a request that needs no trees (``trees=False``)."""
-        key = (self.pack.key, hashlib.sha1(b"".join(sorted(set(roots)))).digest())
+        key: tuple[object, ...] = (self.pack.key,
+                                   hashlib.sha1(b"".join(sorted(set(roots)))).digest())
         hit = cache.get(key)
         if hit is None and not trees:
             key = (*key, "commits")

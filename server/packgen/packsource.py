@@ -186,16 +186,20 @@ def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
     ranks: dict[int, list[int]] = base if base is not None else {}
     by_id: dict[int, PackFile] = packs if packs is not None else {}
     loose: list[bytes] = []
+    grown: set[int] = set()  # the ranks given in ``base`` are ascending and distinct already
     for oid in oids:
         loc = odb.locate(oid, needed=True)
         if not isinstance(loc, PackedLocation):
             loose.append(oid)
             continue
         by_id[id(loc.pack)] = loc.pack
+        grown.add(id(loc.pack))
         ranks.setdefault(id(loc.pack), []).append(loc.pack.rank_of_index_pos(loc.pos))
     plans = []
     for key, pack in by_id.items():
-        order = sorted(set(ranks.get(key, [])))
+        order = ranks.get(key, [])
+        if key in grown or base is None:
+            order = sorted(set(order))
         plans.append(PackPlan.from_ranks(pack, order))
     return Selection(plans, loose)
 
