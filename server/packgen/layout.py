@@ -90,7 +90,10 @@ def layout_for(pack: PackFile, ranks: Sequence[int]) -> Layout | None:
     hit = _LAYOUTS.get(key)
     if hit is not None:
         return hit
-    layout = _compute(pack, order)
+    try:
+        layout = _compute(pack, order)
+    except IndexError:  # an entry header past what the file holds
+        raise pack.corrupt("truncated entry header") from None
     if layout is not None:
         _LAYOUTS.put(key, layout, layout.cost())
     return layout

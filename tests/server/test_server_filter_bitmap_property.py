@@ -26,7 +26,7 @@ from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.core import answers
 from gitspout.server.core.fetch import plan_fetch
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
-from gitspout.server.packgen import packplan
+from gitspout.server.packgen import layout, packplan, packsource
 from gitutil import Git
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -172,10 +172,13 @@ def fb_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(h=histories(), ask=asks)
+@given(h=histories(), ask=asks, window=st.sampled_from([64, 300, 4 << 20]))
 def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: History,
-                                               ask: Ask) -> None:
+                                               ask: Ask, window: int) -> None:
     gitdir = _build(git, fb_root, h)
+    # Small read windows: entries and segments straddle them, or are larger than one.
+    saved = layout.WINDOW, packsource.READ_WINDOW
+    layout.WINDOW = packsource.READ_WINDOW = window
     try:
         lines, with_haves = _request_lines(git, gitdir, ask)
         state = ServerState.create(load_config({"root": str(fb_root)}, env={}))
@@ -193,4 +196,5 @@ def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: Histo
             assert from_bitmaps <= walked, sorted(from_bitmaps - walked)
             assert walked - from_bitmaps <= _closure(git, gitdir, haves)
     finally:
+        layout.WINDOW, packsource.READ_WINDOW = saved
         shutil.rmtree(gitdir, ignore_errors=True)
