@@ -17,14 +17,15 @@ filtered clone only reads and sends.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..store.lru import ByteLRU
 from ..store.objformat import OFS_DELTA, REF_DELTA
-from ..store.packs import PackFile
+from ..store.packs import PackFile, encode_entry_header
 
 __all__ = ["Layout", "layout_for", "LAYOUTS_BUDGET"]
 
@@ -50,6 +51,7 @@ class Layout:
     size: int
     deltas: int
     rewritten: int
+    generated: int = 0
 
     def out_offset(self, rank: int) -> int | None:
         """Relative output offset of entry ``rank``, or None when it is not in the layout."""
@@ -80,26 +82,43 @@ def _encode_ofs(dist: int) -> bytes:
     return bytes(out)
 
 
-def layout_for(pack: PackFile, ranks: Sequence[int]) -> Layout | None:
+Resolve = Callable[[bytes], tuple[int, bytes]]
+"""Reads an object by id: (type number, data)."""
+
+_NONE = Layout(array("I"), array("Q"), b"", array("Q", [0]), array("Q"), array("Q"), 0, 0, 0)
+"""Cached for a selection that cannot be laid out, so it is not tried again."""
+
+
+def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = None,
+               compression: int = zlib.Z_DEFAULT_COMPRESSION) -> Layout | None:
     """The layout of ``ranks`` (ascending) from ``pack``, cached; None when an entry cannot
-    be copied this way (a REF_DELTA, or a delta whose base is not among ``ranks``)."""
+    be copied this way: a REF_DELTA, or a delta whose base is not among ``ranks`` unless
+    ``resolve`` is given, in which case that entry is written whole (its object read and
+    compressed once, kept in the layout: git's blob:limit keeps a small blob stored as a
+    delta against a large one it drops)."""
     if not ranks:
         return None
     order = array("I", ranks)
-    key = (pack.key, hashlib.sha1(order.tobytes()).digest())
+    key = (pack.key, hashlib.sha1(order.tobytes()).digest(), resolve is not None)
     hit = _LAYOUTS.get(key)
     if hit is not None:
-        return hit
+        return None if hit is _NONE else hit
     try:
-        layout = _compute(pack, order)
+        layout = _compute(pack, order, resolve, compression)
     except IndexError:  # an entry header past what the file holds
         raise pack.corrupt("truncated entry header") from None
-    if layout is not None:
-        _LAYOUTS.put(key, layout, layout.cost())
+    _LAYOUTS.put(key, _NONE if layout is None else layout,
+                 200 if layout is None else layout.cost())
     return layout
 
 
-def _compute(pack: PackFile, order: array) -> Layout | None:
+def _whole(pack: PackFile, rank: int, resolve: Resolve, compression: int) -> bytes:
+    type_num, data = resolve(pack.oid_at(pack.pack_order[rank]))
+    return encode_entry_header(type_num, len(data)) + zlib.compress(data, compression)
+
+
+def _compute(pack: PackFile, order: array, resolve: Resolve | None,
+             compression: int) -> Layout | None:
     offs = pack.sorted_offsets
     count = pack.count
     selected = bytearray(count)
@@ -112,13 +131,14 @@ def _compute(pack: PackFile, order: array) -> Layout | None:
     stops = array("Q")
     shift = offs[order[0]]  # the first entry goes to relative offset 0
     seg_stop = -1
-    deltas = rewritten = 0
+    deltas = rewritten = generated = 0
     win, win_at, win_end = b"", 0, 0
     end_all = offs[count]
     for r in order:
         start = offs[r]
         stop = offs[r + 1]
-        if start == seg_stop:
+        fresh = start != seg_stop  # a segment opens with this entry
+        if not fresh:
             stops[-1] = stop
         else:  # a gap: the entries left out move everything after it closer
             if seg_stop >= 0:
@@ -140,7 +160,6 @@ def _compute(pack: PackFile, order: array) -> Layout | None:
             continue
         if kind == REF_DELTA:
             return None
-        deltas += 1
         i += 1
         while c & 0x80:
             c = win[i]
@@ -154,30 +173,40 @@ def _compute(pack: PackFile, order: array) -> Layout | None:
             i += 1
             dist = ((dist + 1) << 7) | (c & 0x7F)
         base = bisect_left(offs, start - dist, 0, r)
-        if base >= r or offs[base] != start - dist or not selected[base]:
+        if base >= r or offs[base] != start - dist:
+            return None  # not an entry boundary: the copying path reports the damage
+        if selected[base]:
+            moved = shift - shift_at[base]
+            if not moved:
+                deltas += 1
+                continue
+            # The distance shrank by what was left out between the base and this entry:
+            # the literal is the entry's own type/size header and the new varint, and the
+            # copied range starts at its data.
+            deltas += 1
+            literal = win[start - win_at : ofs_at] + _encode_ofs(dist - moved)
+            data_at = win_at + i
+        elif resolve is None:
             return None
-        moved = shift - shift_at[base]
-        if not moved:
-            continue
-        # The distance shrank by what was left out between the base and this entry: the
-        # literal is the entry's own type/size header and the new varint; the copied
-        # range starts at its data.
-        new = _encode_ofs(dist - moved)
+        else:  # whole, in the literal; nothing copied
+            literal = _whole(pack, r, resolve, compression)
+            data_at = stop
+            generated += 1
         rewritten += 1
-        literal = win[start - win_at : ofs_at] + new
-        if starts[-1] == start:  # the segment begins with this entry
+        if fresh:  # its literal is this entry's
             lits[-1] = literal
-            starts[-1] = win_at + i
+            starts[-1] = data_at
         else:
             stops[-1] = start
             lits.append(literal)
-            starts.append(win_at + i)
+            starts.append(data_at)
             stops.append(stop)
-        shift += (i - ofs_at) - len(new)
+        shift += (data_at - start) - len(literal)
     lit_at = array("Q", [0])
     total = 0
     for lit in lits:
         total += len(lit)
         lit_at.append(total)
     size = sum(stops) - sum(starts) + total
-    return Layout(order, out_rel, b"".join(lits), lit_at, starts, stops, size, deltas, rewritten)
+    return Layout(order, out_rel, b"".join(lits), lit_at, starts, stops, size, deltas, rewritten,
+                  generated)

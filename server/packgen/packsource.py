@@ -260,7 +260,10 @@ class ReusePackSource:
         """Copy each run of consecutive selected entries; yield after each run. When
         every delta's base comes along, by the plan's precomputed layout instead."""
         if self.ofs_delta:
-            layout = layout_for(plan.pack, plan.order)
+            # Entries whose base is not sent are written whole by the layout only when no
+            # better base exists: a thin pack refers to the client's, hints give new deltas.
+            resolve = self.odb.read if self.thin is None and not self.hints else None
+            layout = layout_for(plan.pack, plan.order, resolve, self.compression)
             if layout is not None:
                 yield from self._copy_layout(plan, layout, out)
                 return
@@ -316,7 +319,8 @@ class ReusePackSource:
             out.write_large(b"".join(parts))
             yield None
         stats = self.stats
-        stats.reused += len(layout.ranks)
+        stats.reused += len(layout.ranks) - layout.generated
+        stats.generated += layout.generated
         stats.reused_bytes += layout.size
         stats.reused_deltas += layout.deltas
         stats.deltas += layout.deltas

@@ -28,12 +28,12 @@ from gitspout.server.core.fetch import plan_fetch
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
 from gitspout.server.packgen import layout, packplan, packsource
 from gitutil import Git
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from packutil import pack_object_ids
 
 START = 1_660_000_000
-FILTERS = ["blob:none", "blob:limit=0", "blob:limit=60", "tree:0", "object:type=commit",
+FILTERS = ["blob:none", "blob:limit=0", "blob:limit=60", "blob:limit=200", "tree:0", "object:type=commit",
            "object:type=tree", "object:type=blob", "object:type=tag",
            "combine:blob:none+object:type=tree", "combine:tree:0+blob:limit=60",
            "combine:blob:limit=200+object:type=blob"]
@@ -173,6 +173,11 @@ def fb_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(h=histories(), ask=asks, window=st.sampled_from([64, 300, 4 << 20]))
+# Small versions of two paths stored as deltas against large ones blob:limit drops: they are
+# written whole, one after the other.
+@example(h=History(((), (0,), (1,)), ((("a.txt", 12), ("b.bin", 12)), (("a.txt", 3), ("b.bin", 3)),
+                                       (("a.txt", 2), ("b.bin", 2))), (), 3),
+         ask=Ask((0,), (), "blob:limit=200", False), window=4 << 20)
 def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: History,
                                                ask: Ask, window: int) -> None:
     gitdir = _build(git, fb_root, h)
