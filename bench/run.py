@@ -86,10 +86,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_TOP = BENCH_DIR.parent
 WORK = BENCH_DIR / "work"
 
-ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1", "fleet")  # execution order
+ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", "filter-blobless", "filter-treeless",
+             "filter-depth1", "fetch-1", "fleet")  # execution order
 DEFAULT_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1")
 TINY_BUDGETS = ("--max-open-packs", "8", "--cache-memory", "8MiB")
 CLONE_CASES = ("clone-v2", "clone-v0", "clone-x8")
+# One v2 mirror clone with these arguments each (issue 12: filters on bitmaps).
+FILTER_CASES = {"filter-blobless": ("--filter=blob:none",), "filter-treeless": ("--filter=tree:0",),
+                "filter-depth1": ("--depth", "1")}
 ALL_VARIANTS = ("gc", "unmaintained")
 X8 = 8
 QUICK_COMMITS = 300
@@ -607,6 +611,24 @@ class CloneCase(Case):
         shutil.rmtree(state, ignore_errors=True)
 
 
+class FilterCloneCase(CloneCase):
+    """One v2 mirror clone with a filter or a depth (``FILTER_CASES``)."""
+
+    def __init__(self, bench: Bench, repo: str, served: Path, name: str) -> None:
+        super().__init__(bench, repo, served, 2)
+        self.name = name
+        self.args = FILTER_CASES[name]
+
+    def op(self, side: Side, state: Path) -> None:
+        run_git(["-c", "protocol.version=2", "clone", "--mirror", "--quiet", *self.args,
+                 side.url(self.repo), str(state)], timeout=self.timeout)
+
+    def verify(self, side: Side, state: Path, check: bool) -> str:
+        if self.name == "filter-depth1":  # the client leaves some refs out, from either server
+            return self._fsck(state) if check else "skipped"
+        return super().verify(side, state, check)
+
+
 class ParallelCloneCase(Case):
     """``X8`` concurrent protocol v2 mirror clones; wall = until the last finished."""
 
@@ -905,6 +927,8 @@ class Bench:
                     case: Case = (ParallelCloneCase(self, repo, served) if case_name == "clone-x8"
                                   else CloneCase(self, repo, served, int(case_name[-1])))
                     self.run_case(variant, case)
+                elif case_name in FILTER_CASES:
+                    self.run_case(variant, FilterCloneCase(self, repo, served, case_name))
             if "fetch-1" in self.cases:
                 self.run_case(variant, self.fetch_case(repo, served))
         if "fleet" in self.cases:
@@ -1143,6 +1167,8 @@ def targets(rows: list[Row], root_sets: list[str]) -> list[Target]:
         Target("fetch-1 wall", 1.1, pick(None, ("fetch-1",), "wall")),
         Target("fetch-1 bytes", 1.3, pick(None, ("fetch-1",), "bytes")),
         Target("clone-x8 wall", 1.0, pick(None, ("clone-x8",), "wall")),
+        Target("blobless clone CPU", 1.0, pick(None, ("filter-blobless",), "cpu")),
+        Target("blobless clone wall", 1.0, pick(None, ("filter-blobless",), "wall")),
     ]
     if "git" in root_sets:
         rss: list[tuple[str, float | None, float | None]] = [
@@ -1232,6 +1258,8 @@ def _copy_root(rs: RootSet, variants: list[str], root: Path) -> None:
             raise SystemExit(f"fixture {src} missing; build it with: {rs.hint}")
         t0 = time.monotonic()
         subprocess.run(["cp", "-a", str(src), str(root / src.name)], check=True, timeout=1800)
+        # C git serves partial clones only when allowed; gitspout allows them by default.
+        run_git(["--git-dir", str(root / src.name), "config", "uploadpack.allowFilter", "true"])
         print(f"  copied {src} -> served root ({time.monotonic() - t0:.1f}s)", flush=True)
 
 

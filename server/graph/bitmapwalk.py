@@ -12,7 +12,14 @@ import hashlib
 import heapq
 from collections.abc import Iterable
 
-from gitspout.protocol.filters import BlobLimit, BlobNone, FilterSpec, ObjectType, TreeDepth
+from gitspout.protocol.filters import (
+    BlobLimit,
+    BlobNone,
+    FilterSpec,
+    ObjectType,
+    TreeDepth,
+    iter_filter_leaves,
+)
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from ..store.lru import ByteLRU
@@ -25,7 +32,8 @@ from .treewalk import TreeDiffWalk
 _TreeRoot = tuple[bytes, bytes | None, bytes | None, bytes | None]
 """(tree, the commit it is the root of, that commit's first parent, the parent's tree)."""
 
-__all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported"]
+__all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported",
+           "filter_needs_trees"]
 
 
 class Reach:
@@ -113,21 +121,31 @@ class BitmapIndex:
         else:
             reach.extra[oid] = type_num
 
-    def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach]) -> Reach:
+    def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach],
+                     trees: bool = True) -> Reach:
         """:meth:`reach`, remembered across requests by (pack, roots): a clone storm on one
-        ref state computes its object set once. Packs never change, so the key is exact."""
-        key = (self.pack.key, hashlib.sha1(b"".join(sorted(set(roots)))).digest())
+        ref state computes its object set once. Packs never change, so the key is exact.
+        A whole closure also answers a request that needs no trees (``trees=False``)."""
+        key: tuple[object, ...] = (self.pack.key,
+                                   hashlib.sha1(b"".join(sorted(set(roots)))).digest())
         hit = cache.get(key)
+        if hit is None and not trees:
+            key = (*key, "commits")
+            hit = cache.get(key)
         if hit is None:
-            hit = self.reach(roots)
+            hit = self.reach(roots, trees=trees)
             cache.put(key, hit, hit.nbytes + 64 * len(hit.extra))
         return hit.copy()
 
-    def reach(self, roots: Iterable[bytes], base: Reach | None = None) -> Reach:
-        """Everything reachable from ``roots`` (binary ids of any type)."""
+    def reach(self, roots: Iterable[bytes], base: Reach | None = None,
+              trees: bool = True) -> Reach:
+        """Everything reachable from ``roots`` (binary ids of any type). With ``trees``
+        False, the trees and blobs of commits outside the bitmaps are left out (roots
+        themselves are always in): enough for a filter that drops every tree and blob
+        but the tips (:func:`filter_needs_trees`), and the slowest part of a cold closure."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
-        trees: list[_TreeRoot] = []
+        roots_t: list[_TreeRoot] = []
         for root in roots:
             target, type_num, tags = self.src.peel(root)
             for tag in tags:
@@ -137,13 +155,20 @@ class BitmapIndex:
             if type_num == OBJ_COMMIT:
                 commits.append(target)
             elif type_num == OBJ_TREE:
-                trees.append((target, None, None, None))
+                roots_t.append((target, None, None, None))
             else:
                 seen, rank = self.lookup(reach, target)
                 if not seen:
                     self.add(reach, target, rank, type_num)
-        trees.extend(self._walk_commits(reach, commits))
-        self._walk_trees(reach, trees)
+        walked = self._walk_commits(reach, commits)
+        if not trees:
+            for tree, _, _, _ in roots_t:
+                seen, rank = self.lookup(reach, tree)
+                if not seen:
+                    self.add(reach, tree, rank, OBJ_TREE)
+            return reach
+        roots_t.extend(walked)
+        self._walk_trees(reach, roots_t)
         return reach
 
     def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[_TreeRoot]:
@@ -213,45 +238,73 @@ class BitmapIndex:
 
     # -- filters -------------------------------------------------------------------
 
-    def apply_filter(self, reach: Reach, spec: FilterSpec | None, keep: Iterable[bytes]) -> None:
-        """Drop what ``spec`` filters out (wanted objects in ``keep`` always stay)."""
+    def apply_filter(self, reach: Reach, spec: FilterSpec | None, wants: Iterable[bytes]) -> None:
+        """Drop what ``spec`` filters out of ``reach``, as git's ``filter_bitmap`` does
+        (pack-bitmap.c): whole types are masked with the type bitmaps, blob sizes read from
+        the entry headers (for a delta, the result size its delta header gives). The tips
+        (each want, the tags its chain passes and the object it peels to) are never
+        filtered, as the walk never filters what the client named; a tip the client has
+        (cut by its haves) stays cut. ``combine:`` applies its filters one after another,
+        with the same tips."""
         if spec is None:
             return
+        tips, tip_extra = self._tips(reach, wants)
+        for leaf in iter_filter_leaves(spec):
+            self._apply_leaf(reach, leaf, tips, tip_extra)
+
+    def _tips(self, reach: Reach, wants: Iterable[bytes]) -> tuple[int, set[bytes]]:
+        """The tips as pack bits, and those outside the bitmapped pack. A want's type comes
+        from the type bitmaps; only tags are read (to peel them)."""
+        tags = self.bm.tags
+        marks = bytearray(reach.nbytes)
+        extra: set[bytes] = set()
+
+        def mark(oid: bytes, rank: int | None) -> None:
+            if rank is None:
+                extra.add(oid)
+            else:
+                marks[rank >> 3] |= 1 << (rank & 7)
+
+        for oid in dict.fromkeys(wants):
+            rank = self.rank(oid)
+            mark(oid, rank)
+            if (tags >> rank & 1) if rank is not None else reach.extra.get(oid) == OBJ_TAG:
+                target, _, chain = self.src.peel(oid)
+                for t in chain[1:] + [target]:
+                    mark(t, self.rank(t))
+        return int.from_bytes(marks, "little"), extra
+
+    def _apply_leaf(self, reach: Reach, spec: FilterSpec, tips: int, tip_extra: set[bytes]) -> None:
         bm = self.bm
+        if isinstance(spec, BlobLimit):
+            self._drop_large_blobs(reach, spec.limit, tips, tip_extra)
+            return
         if isinstance(spec, BlobNone):
-            reach.bits &= ~bm.blobs
             drop = {OBJ_BLOB}
-        elif isinstance(spec, TreeDepth):  # only depth 0 gets here
-            reach.bits &= ~(bm.blobs | bm.trees)
+        elif isinstance(spec, TreeDepth) and spec.depth == 0:
             drop = {OBJ_BLOB, OBJ_TREE}
         elif isinstance(spec, ObjectType):
-            t = TYPE_NUMS[spec.type_name.encode()]
-            reach.bits &= {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs,
-                           OBJ_TAG: bm.tags}[t]
-            drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {t}
-        elif isinstance(spec, BlobLimit):
-            self._drop_large_blobs(reach, spec.limit)
-            drop = set()
+            drop = {OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG} - {TYPE_NUMS[spec.type_name.encode()]}
         else:
             raise ValueError(f"filter {spec!r} is not done with bitmaps")
-        for oid in [o for o, t in reach.extra.items() if t in drop]:
+        masks = {OBJ_COMMIT: bm.commits, OBJ_TREE: bm.trees, OBJ_BLOB: bm.blobs, OBJ_TAG: bm.tags}
+        mask = 0
+        for t in drop:
+            mask |= masks[t]
+        reach.bits = reach.bits & ~(mask & ~tips)
+        for oid in [o for o, t in reach.extra.items() if t in drop and o not in tip_extra]:
             del reach.extra[oid]
-        for oid in keep:
-            target, type_num, tags = self.src.peel(oid)
-            for obj, t in [(tag, OBJ_TAG) for tag in tags] + [(target, type_num)]:
-                seen, rank = self.lookup(reach, obj)
-                if not seen:
-                    self.add(reach, obj, rank, t)
 
-    def _drop_large_blobs(self, reach: Reach, limit: int) -> None:
+    def _drop_large_blobs(self, reach: Reach, limit: int, tips: int, tip_extra: set[bytes]) -> None:
         odb: ObjectSnapshot = self.src.odb
+        pack = self.pack
+        offs = pack.sorted_offsets
         big = bytearray(reach.nbytes)
-        for rank in iter_set_bits(reach.bits & self.bm.blobs, self.pack.count):
-            size = odb.packed_size(self.pack, self.pack.sorted_offsets[rank])[1]
-            if size >= limit:
+        for rank in iter_set_bits(reach.bits & self.bm.blobs & ~tips, pack.count):
+            if odb.packed_object_size(pack, offs[rank]) >= limit:
                 big[rank >> 3] |= 1 << (rank & 7)
         reach.bits = reach.bits & ~int.from_bytes(big, "little")
-        for oid in [o for o, t in reach.extra.items() if t == OBJ_BLOB]:
+        for oid in [o for o, t in reach.extra.items() if t == OBJ_BLOB and o not in tip_extra]:
             found = odb.object_size(oid)
             if found is None or found[1] >= limit:
                 del reach.extra[oid]
@@ -298,11 +351,24 @@ class ReachSet:
         self.bi.add(self.reach, oid, self.bi.rank(oid), type_num)
 
 
-def bitmap_filter_supported(spec: FilterSpec | None) -> bool:
-    """Filters git's pack-bitmap.c also answers from bitmaps."""
-    if spec is None or isinstance(spec, (BlobNone, BlobLimit, ObjectType)):
+def filter_needs_trees(spec: FilterSpec | None) -> bool:
+    """False when ``spec`` drops every tree and blob other than the tips (tree:0,
+    object:type=commit or tag, alone or in a combine:): the closure need not walk trees."""
+    if spec is None:
         return True
-    return isinstance(spec, TreeDepth) and spec.depth == 0
+    return not any((isinstance(leaf, TreeDepth) and leaf.depth == 0)
+                   or (isinstance(leaf, ObjectType) and leaf.type_name in ("commit", "tag"))
+                   for leaf in iter_filter_leaves(spec))
+
+
+def bitmap_filter_supported(spec: FilterSpec | None) -> bool:
+    """Filters git's pack-bitmap.c also answers from bitmaps (``can_filter_bitmap``):
+    blob:none, blob:limit, tree:0, object:type, and a combine: of those only."""
+    if spec is None:
+        return True
+    return all(isinstance(leaf, (BlobNone, BlobLimit, ObjectType))
+               or (isinstance(leaf, TreeDepth) and leaf.depth == 0)
+               for leaf in iter_filter_leaves(spec))
 
 
 def open_bitmap_index(src: CommitSource) -> BitmapIndex | None:

@@ -329,8 +329,11 @@ def enumerate_objects(
     have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges))
     out: list[ObjectEntry] = []
     listed: set[bytes] = set()
+    named = set(want_commits)
     for c in commits:
-        if flt.check(c, OBJ_COMMIT, 0)[0]:
+        # A commit the client named is never filtered (git's walk filters only objects it
+        # met on the way: list-objects-filter.c, NOT_USER_GIVEN), like a named tag or tree.
+        if c in named or flt.check(c, OBJ_COMMIT, 0)[0]:
             out.append((c, OBJ_COMMIT))
     for oid, type_num in direct:
         if oid not in listed and oid not in have_objects:

@@ -14,7 +14,14 @@ from collections.abc import Iterator, Sequence
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.stats import Progress
-from ..graph.bitmapwalk import BitmapIndex, Reach, ReachSet, bitmap_filter_supported, open_bitmap_index
+from ..graph.bitmapwalk import (
+    BitmapIndex,
+    Reach,
+    ReachSet,
+    bitmap_filter_supported,
+    filter_needs_trees,
+    open_bitmap_index,
+)
 from ..graph.reachability import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits
 from ..store.packs import PackFile
@@ -98,10 +105,23 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     return source
 
 
-def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
+def _filtered_reach(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex
+                    ) -> tuple[Reach, Reach | None]:
+    """The wants' closure minus the haves', filtered; and the haves' closure. Without haves
+    the filtered closure is kept across requests like the closure itself (same key, plus
+    the filter), so a second identical filtered clone neither filters nor looks up tips."""
     req = plan.req
     wants = _wants(plan)
-    reach = bi.reach_cached(wants, ctx.registry.reach_cache)  # type: ignore[arg-type]
+    cache = ctx.registry.reach_cache
+    key: tuple[object, ...] | None = None
+    if not plan.common and req.filter is not None:
+        digest = hashlib.sha1(b"".join(sorted(set(wants)))).digest()
+        key = ("filtered", bi.pack.key, digest, repr(req.filter))
+        hit = cache.get(key)
+        if isinstance(hit, Reach):
+            return hit.copy(), None
+    reach = bi.reach_cached(wants, cache,  # type: ignore[arg-type]
+                            trees=filter_needs_trees(req.filter))
     haves: Reach | None = None
     if plan.common:
         haves = bi.reach(plan.common)
@@ -109,6 +129,14 @@ def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> Pack
         for oid in haves.extra:
             reach.extra.pop(oid, None)
     bi.apply_filter(reach, req.filter, wants)
+    if key is not None:
+        cache.put(key, reach.copy(), reach.nbytes + 64 * len(reach.extra))
+    return reach, haves
+
+
+def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> PackSource:
+    req = plan.req
+    reach, haves = _filtered_reach(ctx, plan, bi)
     if req.include_tag:
         include_tags(ReachSet(bi, reach), _tag_refs(ctx),
                      ReachSet(bi, haves) if haves is not None else frozenset())

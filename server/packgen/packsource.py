@@ -31,6 +31,7 @@ from ..core.stats import PackStats, Progress
 from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packs import PackFile, encode_entry_header
+from .layout import Layout, layout_for
 
 __all__ = [
     "PackSource",
@@ -127,6 +128,8 @@ class PackPlan:
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     single: dict[int, int] = field(default_factory=dict)
     bases: Any = None  # the pack's base ranks, as many as this plan needs (base_ranks_for)
+    layout: Layout | None = None  # when copied by layout (layout.py), from output ``layout_at``
+    layout_at: int = 0
 
     @classmethod
     def from_ranks(cls, pack: PackFile, ranks: list[int]) -> PackPlan:
@@ -137,6 +140,9 @@ class PackPlan:
 
     def out_offset(self, rank: int) -> int | None:
         """Where the entry of ``rank`` went in the output, if it was written already."""
+        if self.layout is not None:
+            rel = self.layout.out_offset(rank)
+            return None if rel is None else self.layout_at + rel
         at = self.single.get(rank)
         if at is not None:
             return at
@@ -180,16 +186,20 @@ def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
     ranks: dict[int, list[int]] = base if base is not None else {}
     by_id: dict[int, PackFile] = packs if packs is not None else {}
     loose: list[bytes] = []
+    grown: set[int] = set()  # the ranks given in ``base`` are ascending and distinct already
     for oid in oids:
         loc = odb.locate(oid, needed=True)
         if not isinstance(loc, PackedLocation):
             loose.append(oid)
             continue
         by_id[id(loc.pack)] = loc.pack
+        grown.add(id(loc.pack))
         ranks.setdefault(id(loc.pack), []).append(loc.pack.rank_of_index_pos(loc.pos))
     plans = []
     for key, pack in by_id.items():
-        order = sorted(set(ranks.get(key, [])))
+        order = ranks.get(key, [])
+        if key in grown or base is None:
+            order = sorted(set(order))
         plans.append(PackPlan.from_ranks(pack, order))
     return Selection(plans, loose)
 
@@ -247,7 +257,16 @@ class ReusePackSource:
     # -- copying ---------------------------------------------------------------
 
     def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[None]:
-        """Copy each run of consecutive selected entries; yield after each run."""
+        """Copy each run of consecutive selected entries; yield after each run. When
+        every delta's base comes along, by the plan's precomputed layout instead."""
+        if self.ofs_delta:
+            # Entries whose base is not sent are written whole by the layout only when no
+            # better base exists: a thin pack refers to the client's, hints give new deltas.
+            resolve = self.odb.read if self.thin is None and not self.hints else None
+            layout = layout_for(plan.pack, plan.order, resolve, self.compression)
+            if layout is not None:
+                yield from self._copy_layout(plan, layout, out)
+                return
         bases = plan.bases = plan.pack.base_ranks_for(len(plan.order))
         order = plan.order
         k, n = 0, len(order)
@@ -267,6 +286,53 @@ class ReusePackSource:
                 sub = rank + 1
             self._copy_run(plan, sub, stop, out)
             yield None
+
+    def _copy_layout(self, plan: PackPlan, layout: Layout, out: _Out) -> Iterator[None]:
+        """Emit a layout: one read per window, its segments joined in one step."""
+        plan.layout, plan.layout_at = layout, out.offset
+        pack = plan.pack
+        lits, lit_at, starts, stops = layout.literals, layout.lit_at, layout.starts, layout.stops
+        n = len(starts)
+        k = 0
+        while k < n:
+            first = starts[k]
+            if stops[k] - first > READ_WINDOW:  # one large entry: in pieces
+                if lit_at[k + 1] > lit_at[k]:
+                    out.write(lits[lit_at[k] : lit_at[k + 1]])
+                self._copy_range(pack, first, stops[k], out)
+                k += 1
+                yield None
+                continue
+            end = min(first + READ_WINDOW, pack.pack_size)
+            data = pack.read_raw(first, end)
+            if len(data) < stops[k] - first:
+                raise pack.corrupt("file ended early")
+            end = first + len(data)
+            view = memoryview(data)
+            parts: list[bytes | memoryview] = []
+            while k < n and stops[k] <= end:
+                l0, l1 = lit_at[k], lit_at[k + 1]
+                if l1 > l0:
+                    parts.append(lits[l0:l1])
+                parts.append(view[starts[k] - first : stops[k] - first])
+                k += 1
+            out.write_large(b"".join(parts))
+            yield None
+        stats = self.stats
+        stats.reused += len(layout.ranks) - layout.generated
+        stats.generated += layout.generated
+        stats.reused_bytes += layout.size
+        stats.reused_deltas += layout.deltas
+        stats.deltas += layout.deltas
+
+    @staticmethod
+    def _copy_range(pack: PackFile, pos: int, end: int, out: _Out) -> None:
+        while pos < end:
+            data = pack.read_raw(pos, min(end, pos + READ_WINDOW))
+            if not data:
+                raise pack.corrupt("file ended early")
+            out.write_large(data)
+            pos += len(data)
 
     def _copy_run(self, plan: PackPlan, first: int, stop: int, out: _Out) -> None:
         if first >= stop:

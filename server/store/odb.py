@@ -423,6 +423,19 @@ class ObjectSnapshot:
         hdr = pack.read_header(offset)
         if hdr.type_num not in (OFS_DELTA, REF_DELTA):
             return hdr.type_num, hdr.size
+        return self._base_type(pack, hdr), self._delta_result_size(pack, hdr)
+
+    def packed_object_size(self, pack: PackFile, offset: int) -> int:
+        """The size of the object at ``offset``, as git's ``packed_object_info`` gives it:
+        the header's size for a whole object, the delta header's result size for a delta
+        (the start of the delta inflated, its base never read)."""
+        hdr = pack.read_header(offset)
+        if hdr.type_num not in (OFS_DELTA, REF_DELTA):
+            return hdr.size
+        return self._delta_result_size(pack, hdr)
+
+    @staticmethod
+    def _delta_result_size(pack: PackFile, hdr: EntryHeader) -> int:
         # The target size is the second varint of the delta; its type is the base's.
         d = zlib.decompressobj()
         head = b""
@@ -441,8 +454,7 @@ class ObjectSnapshot:
             size, _ = _varint(head, at)
         except IndexError:
             raise pack.corrupt(f"truncated delta at {hdr.data_offset}") from None
-        base_type = self._base_type(pack, hdr)
-        return base_type, size
+        return size
 
     def _base_type(self, pack: PackFile, hdr: object) -> int:
         for _ in range(_MAX_CHAIN):
