@@ -52,8 +52,9 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
+from .packcache import PackCache, PackCacheCollector, send_pack_cached
 from .pool import WorkPool
-from .stream import PktSection, PktWriter, pump_pack
+from .stream import PktSection, PktWriter
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
            "STATE_KEY"]
@@ -86,6 +87,7 @@ class ServerState:
     inflating: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
+    pack_cache: PackCache | None = None  # --pack-cache-size 0: none
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -104,6 +106,10 @@ class ServerState:
         state.metrics.open_files.source = state.registry
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
+        if cfg.pack_cache_size > 0:
+            state.pack_cache = PackCache(cfg.pack_cache_dir, cfg.pack_cache_size,
+                                         cfg.pack_cache_ttl, cfg.pack_cache_on)
+            state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
@@ -324,8 +330,8 @@ async def _write_fetch(state: ServerState, ctx: RequestContext, writer: PktWrite
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
     start = time.monotonic()
     try:
-        await pump_pack(writer, state.executor_for(ctx), lambda: iter_pack(ctx, plan),
-                        state.cfg.keepalive, plan.req.no_progress)
+        await send_pack_cached(state.pack_cache, ctx, plan, writer, state.executor_for(ctx),
+                               lambda: iter_pack(ctx, plan), state.cfg.keepalive)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
     except Exception as exc:  # in-band, whatever it is: the client never sees a cut
@@ -524,3 +530,5 @@ async def _shutdown(state: ServerState) -> None:
     if state.sweeper is not None:
         state.sweeper.cancel()
     state.pool.shutdown(wait=False, cancel_futures=True)
+    if state.pack_cache is not None:
+        state.pack_cache.close()
