@@ -89,7 +89,7 @@ WORK = BENCH_DIR / "work"
 # Identical clones at once, with a filter or a depth (issue 12, the pack cache): one
 # (``clone-*``) or X8 (``x8-*``) ``git clone --mirror`` with these arguments.
 STORM_ARGS = {"blobless": ("--filter=blob:none",), "treeless": ("--filter=tree:0",),
-              "depth1": ("--depth", "1"), "full": ()}
+              "depth1": ("--depth", "1", "--no-single-branch"), "full": ()}
 STORM_CASES = tuple(f"clone-{k}" for k in STORM_ARGS if k != "full") + tuple(
     f"x8-{k}" for k in STORM_ARGS)
 ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", *STORM_CASES, "fetch-1",

@@ -48,6 +48,9 @@ __all__ = ["PackCache", "PackCacheCollector", "pack_key", "send_pack_cached"]
 log = logging.getLogger("gitspout")
 
 READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k packet
+# A reader whose client keeps taking data never waits in ``write``: without a yield, one
+# reader would send megabytes (a loopback socket buffer) while every other request waits.
+YIELD_EVERY = 256 * 1024
 SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
 _END = object()
 
@@ -255,7 +258,7 @@ class PackCache:
     async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
                    no_progress: bool) -> None:
         """Send the entry to one client as it grows, framed for that client."""
-        pos = shown = 0
+        pos = shown = since_yield = 0
         try:
             while True:
                 while shown < len(entry.progress) and entry.progress[shown][0] <= pos:
@@ -270,6 +273,10 @@ class PackCache:
                     pos += len(data)
                     self.stats.served_bytes += len(data)
                     await writer.pack_data(data)
+                    since_yield += len(data)
+                    if since_yield >= YIELD_EVERY:
+                        since_yield = 0
+                        await asyncio.sleep(0)
                 elif entry.failed is not None:
                     await writer.error(entry.failed, in_band=True)
                     return
@@ -353,9 +360,11 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
             cache.produce(entry, ctx, executor, make_iter))
         cache.producers.add(task)
         task.add_done_callback(cache.producers.discard)
-    else:
-        ctx.pack_stats = PackStats(objects=entry.objects, kind=f"cache-{result}")
+        await cache.read(entry, fd, writer, keepalive, no_progress)
+        return
+    stats = ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
     await cache.read(entry, fd, writer, keepalive, no_progress)
+    stats.objects, stats.size = entry.objects, entry.size
 
 
 class PackCacheCollector:
