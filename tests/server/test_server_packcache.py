@@ -350,3 +350,24 @@ def test_cache_dir_inside_root_is_refused(fixture_root: Path) -> None:
         capture_output=True, timeout=30, text=True)
     assert proc.returncode != 0
     assert re.search("pack_cache_dir must not be inside the served root", proc.stderr + proc.stdout)
+
+
+def test_settings_as_flag_env_and_toml(tmp_path: Path) -> None:
+    from gitspout.server.app.config import ConfigError, load_config
+
+    root = tmp_path / "root"
+    root.mkdir()
+    cfg = load_config({"root": str(root), "pack_cache_size": "64MiB", "pack_cache_on": "second"},
+                      env={})
+    assert (cfg.pack_cache_size, cfg.pack_cache_on) == (64 << 20, "second")
+    cfg = load_config({"root": str(root)}, env={"GITSPOUT_PACK_CACHE_TTL": "30",
+                                                "GITSPOUT_PACK_CACHE_DIR": str(tmp_path / "c")})
+    assert (cfg.pack_cache_ttl, cfg.pack_cache_dir) == (30.0, str(tmp_path / "c"))
+    toml = tmp_path / "g.toml"
+    toml.write_text('pack-cache-size = "1GiB"\npack_cache_ttl = 5\n')
+    cfg = load_config({"root": str(root), "config": str(toml)}, env={})
+    assert (cfg.pack_cache_size, cfg.pack_cache_ttl) == (1 << 30, 5.0)
+    for bad in ({"pack_cache_on": "third"}, {"pack_cache_size": "-1"},
+                {"pack_cache_dir": str(root / "x")}):
+        with pytest.raises(ConfigError):
+            load_config({"root": str(root), **bad}, env={})
