@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--verbose", action="store_true", help="print each fetch over 50 ms")
     parser.add_argument("--server-arg", action="append", default=[])
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the server's sys.setswitchinterval (GIL hand-off), seconds")
     parser.add_argument("--work", type=Path, default=DEFAULT_WORK)
     args = parser.parse_args(argv)
     exit_on_sigterm()
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     small = fetch_body([tiny_tip], None)
     port = free_port()
     prefix, extra = gitspout_command(REPO_TOP, tmp / "import")
+    if args.switch_interval is not None:  # sitecustomize on the server's import path
+        (tmp / "import" / "sitecustomize.py").write_text(
+            f"import sys\nsys.setswitchinterval({args.switch_interval!r})\n")
     argv_ = [*prefix, "--root", str(root), "--host", LOOPBACK, "--port", str(port),
              "--log-level", "warning", "--allow-symlinks-outside-root", *args.server_arg]
     server = ServerProcess("gitspout", argv_, log_path=tmp / "server.log", cwd=REPO_TOP,

@@ -215,20 +215,22 @@ class PackCache:
         ctx.hold()  # the packs it reads stay leased even once the first client is gone
         fd = -1
         it: Iterator[Any] | None = None
+        step: asyncio.Future[Any] | None = None
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
             it = await loop.run_in_executor(executor, make_iter)
             while entry.readers:
-                step = await loop.run_in_executor(executor, _produce_step, it, fd)
-                if step is _END:
+                step = loop.run_in_executor(executor, _produce_step, it, fd)
+                item = await step
+                if item is _END:
                     entry.done = True
                     if ctx.pack_stats is not None:
                         entry.objects = ctx.pack_stats.objects
                     break
-                if isinstance(step, Progress):
-                    entry.progress.append((entry.size, step.text))
+                if isinstance(item, Progress):
+                    entry.progress.append((entry.size, item.text))
                 else:
-                    self._grew(entry, step)  # type: ignore[arg-type]
+                    self._grew(entry, item)
                 entry.wake()
         except Exception as exc:  # every reader ends with it, in-band
             answer = answer_for(exc, entry.repo, started=True)
@@ -240,10 +242,8 @@ class PackCache:
                 entry.failed = entry.failed or "pack generation stopped"
                 self._drop(entry, "failed")
             entry.wake()
-            if it is not None and hasattr(it, "close"):
-                loop.run_in_executor(executor, it.close)
             if fd >= 0:
-                os.close(fd)
+                _release_when_done(step, it, fd, executor, loop)
             ctx.unhold()
 
     # -- reading -----------------------------------------------------------------
@@ -291,10 +291,34 @@ class PackCache:
                 entry.wake()  # the producer notices at its next step and stops
 
 
-def _produce_step(it: Iterator[Any], fd: int) -> object:
+def _release_when_done(step: asyncio.Future[Any] | None, it: Iterator[Any] | None, fd: int,
+                       executor: Executor, loop: asyncio.AbstractEventLoop) -> None:
+    """Close the source and the file once no pool step uses them (a cancelled producer's
+    last step may still be running: closing under it would be a write to a reused fd)."""
+    def release() -> None:
+        try:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        finally:
+            os.close(fd)
+
+    def after(_: object = None) -> None:
+        try:
+            loop.run_in_executor(executor, release)
+        except RuntimeError:  # the pool or the loop is shutting down
+            release()
+
+    if step is None or step.done():
+        after()
+    else:
+        step.add_done_callback(after)
+
+
+def _produce_step(it: Iterator[Any], fd: int) -> int | object:
     """In the pool: the next item; pack bytes are appended to the file (their count is
     returned), progress lines returned as they are."""
-    item = next(it, _END)
+    item: object = next(it, _END)
     if isinstance(item, bytes | bytearray | memoryview):
         view = memoryview(item)
         while view:
