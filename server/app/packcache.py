@@ -174,6 +174,12 @@ class PackCache:
         except OSError:
             pass
 
+    def discard(self, entry: _Entry) -> None:
+        """Forget an entry that cannot be read (its producer, if any, fails it)."""
+        entry.failed = entry.failed or "pack cache entry lost"
+        self._drop(entry, "failed")
+        entry.wake()
+
     def _expire(self, now: float) -> None:
         if self.ttl <= 0:
             return
@@ -378,7 +384,14 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
     if entry is None:
         await pump_pack(writer, executor, make_iter, keepalive, no_progress)
         return
-    fd = cache.open_reader(entry)
+    try:
+        fd = cache.open_reader(entry)
+    except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
+        log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
+        if entry.done or result == "miss":  # in production: its readers have their fds
+            cache.discard(entry)
+        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        return
     if result == "miss":
         task = asyncio.get_running_loop().create_task(
             cache.produce(entry, ctx, executor, make_iter))

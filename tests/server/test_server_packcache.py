@@ -371,3 +371,22 @@ def test_settings_as_flag_env_and_toml(tmp_path: Path) -> None:
                 {"pack_cache_dir": str(root / "x")}):
         with pytest.raises(ConfigError):
             load_config({"root": str(root), **bad}, env={})
+
+
+def test_cache_file_removed_behind_its_back(git: Git, fixture_root: Path, tmp_path: Path,
+                                            cache_dir: Path) -> None:
+    """A temp-dir cleaner removed a finished entry's file: that fetch is served from the
+    repository, the entry is forgotten, the next one generates again."""
+    srv = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/basic.git"
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "a.git"))
+        for f in next(cache_dir.glob("gitspout-packcache-*")).iterdir():
+            f.unlink()
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "b.git"))
+        fsck(git, tmp_path / "b.git")
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "c.git"))
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 0}
+        assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="failed"}'] == 1
+    finally:
+        srv.stop()
