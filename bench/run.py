@@ -86,14 +86,17 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_TOP = BENCH_DIR.parent
 WORK = BENCH_DIR / "work"
 
-ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", "filter-blobless", "filter-treeless",
-             "filter-depth1", "fetch-1", "fleet")  # execution order
+# Identical clones at once, with a filter or a depth (issue 12, the pack cache): one
+# (``clone-*``) or X8 (``x8-*``) ``git clone --mirror`` with these arguments.
+STORM_ARGS = {"blobless": ("--filter=blob:none",), "treeless": ("--filter=tree:0",),
+              "depth1": ("--depth", "1", "--no-single-branch"), "full": ()}
+STORM_CASES = tuple(f"clone-{k}" for k in STORM_ARGS if k != "full") + tuple(
+    f"x8-{k}" for k in STORM_ARGS)
+ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", *STORM_CASES, "fetch-1",
+             "fleet")  # execution order
 DEFAULT_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1")
 TINY_BUDGETS = ("--max-open-packs", "8", "--cache-memory", "8MiB")
 CLONE_CASES = ("clone-v2", "clone-v0", "clone-x8")
-# One v2 mirror clone with these arguments each (issue 12: filters on bitmaps).
-FILTER_CASES = {"filter-blobless": ("--filter=blob:none",), "filter-treeless": ("--filter=tree:0",),
-                "filter-depth1": ("--depth", "1")}
 ALL_VARIANTS = ("gc", "unmaintained")
 X8 = 8
 QUICK_COMMITS = 300
@@ -504,6 +507,7 @@ class Sample:
     rss_before_bytes: int | None = None
     rss_after_bytes: int | None = None
     fleet_failures: int | None = None
+    pack_cache: dict[str, float] = field(default_factory=dict)  # gitspout: counter deltas
 
     @property
     def ok(self) -> bool:
@@ -527,6 +531,9 @@ class Sample:
                 f"bytes {human_bytes(self.bytes_down):>9}  peak rss {rss:>6} "
                 f"({self.peak_rss_process or '?'})  fsck {self.fsck}"
                 + ("" if self.settled else "  [server processes still running]")
+                + ("  cache " + " ".join(f"{k}={v:.0f}" for k, v in self.pack_cache.items()
+                                         if "bytes" not in k and v)
+                   if any(self.pack_cache.values()) else "")
                 + (f"\n            fds {self.fds_before} -> {self.fds_after}, RSS "
                    f"{(self.rss_before_bytes or 0) / MB:.0f} -> {(self.rss_after_bytes or 0) / MB:.0f}"
                    f" MB, {self.fleet_failures} failed" if self.fds_before is not None else ""))
@@ -611,24 +618,6 @@ class CloneCase(Case):
         shutil.rmtree(state, ignore_errors=True)
 
 
-class FilterCloneCase(CloneCase):
-    """One v2 mirror clone with a filter or a depth (``FILTER_CASES``)."""
-
-    def __init__(self, bench: Bench, repo: str, served: Path, name: str) -> None:
-        super().__init__(bench, repo, served, 2)
-        self.name = name
-        self.args = FILTER_CASES[name]
-
-    def op(self, side: Side, state: Path) -> None:
-        run_git(["-c", "protocol.version=2", "clone", "--mirror", "--quiet", *self.args,
-                 side.url(self.repo), str(state)], timeout=self.timeout)
-
-    def verify(self, side: Side, state: Path, check: bool) -> str:
-        if self.name == "filter-depth1":  # the client leaves some refs out, from either server
-            return self._fsck(state) if check else "skipped"
-        return super().verify(side, state, check)
-
-
 class ParallelCloneCase(Case):
     """``X8`` concurrent protocol v2 mirror clones; wall = until the last finished."""
 
@@ -675,6 +664,70 @@ class ParallelCloneCase(Case):
     def cleanup(self, state: list[Path]) -> None:
         for dest in state:
             shutil.rmtree(dest, ignore_errors=True)
+
+
+class StormCase(ParallelCloneCase):
+    """``git clone --mirror`` with a filter or a depth, once (``clone-*``) or X8 at once
+    (``x8-*``): identical requests, which the pack cache answers with one generation."""
+
+    def __init__(self, bench: Bench, repo: str, served: Path, name: str) -> None:
+        super().__init__(bench, repo, served)
+        self.name = name
+        kind, _, what = name.partition("-")
+        self.count = X8 if kind == "x8" else 1
+        self.args = STORM_ARGS[what]
+
+    def prepare(self, side: Side, run: int) -> list[Path]:
+        return [self.bench.scratch_path(f"{side.label}-{self.name}-{run}-{i}.git")
+                for i in range(self.count)]
+
+    def op(self, side: Side, state: list[Path]) -> None:
+        url = side.url(self.repo)
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for dest in state:
+                procs.append(subprocess.Popen(
+                    ["git", "-c", "protocol.version=2", "clone", "--mirror", "--quiet",
+                     *self.args, url, str(dest)], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=client_env()))
+            failures = []
+            for p in procs:
+                _, err = p.communicate(timeout=self.timeout)
+                if p.returncode != 0:
+                    failures.append(f"exit {p.returncode}: {err.decode(errors='replace')[-500:]}")
+            if failures:
+                raise GitError(f"{len(failures)} of {len(procs)} clones failed: {failures[0]}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+    def verify(self, side: Side, state: list[Path], check: bool) -> str:
+        for dest in state:
+            self._check_refs(dest)
+        if not check:
+            return "skipped"
+        out = fsck(state[0], timeout=self.timeout, connectivity_only=True)
+        return f"clean (connectivity{', warnings' if 'warning' in out else ''}, 1 of {len(state)})"
+
+
+def scrape_pack_cache(side: Side) -> dict[str, float]:
+    """gitspout's pack cache counters (lookups by result, bytes), straight from its port."""
+    import urllib.request
+
+    if side.impl != "gitspout":
+        return {}
+    try:
+        with urllib.request.urlopen(f"{side.srv.url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^gitspout_pack_cache_(lookups_total\{result="(\w+)"\}|'
+                         r'(served_bytes_total|generated_bytes_total)) (\S+)$', text, re.M):
+        out[m.group(2) or m.group(3)] = float(m.group(4))
+    return out
 
 
 class FetchOneCase(Case):
@@ -927,8 +980,8 @@ class Bench:
                     case: Case = (ParallelCloneCase(self, repo, served) if case_name == "clone-x8"
                                   else CloneCase(self, repo, served, int(case_name[-1])))
                     self.run_case(variant, case)
-                elif case_name in FILTER_CASES:
-                    self.run_case(variant, FilterCloneCase(self, repo, served, case_name))
+                elif case_name in STORM_CASES:
+                    self.run_case(variant, StormCase(self, repo, served, case_name))
             if "fetch-1" in self.cases:
                 self.run_case(variant, self.fetch_case(repo, served))
         if "fleet" in self.cases:
@@ -992,6 +1045,7 @@ class Bench:
         baseline = set(srv.pids())
         if isinstance(case, FleetCase):
             s.fds_before, s.rss_before_bytes = _server_fds_rss(srv)
+        cache0 = scrape_pack_cache(side)
         d0, u0, c0 = proxy.snapshot()
         srv.reset_counters()
         errors = (GitError, AssertionError, subprocess.SubprocessError, OSError)
@@ -1011,6 +1065,8 @@ class Bench:
             s.fleet_failures = len(state["failed"])
         d1, u1, c1 = proxy.snapshot()
         s.bytes_down, s.bytes_up, s.connections = d1 - d0, u1 - u0, c1 - c0
+        cache1 = scrape_pack_cache(side)
+        s.pack_cache = {k: v - cache0.get(k, 0.0) for k, v in cache1.items()}
         if side.label == "B":  # VmHWM since start; the watcher's last sample if it died
             s.peak_rss_bytes = peak_rss_bytes(side.main_pid()) or watch.peak or None
             s.peak_rss_process = "gitspout"
@@ -1151,6 +1207,20 @@ class Target:
                 + ("; ".join(parts) or "not measured"))
 
 
+def _eight_vs_one(rows: list[Row], what: str) -> list[tuple[str, float | None, float | None]]:
+    """B's CPU for 8 identical clones over B's CPU for one (medians; cold over cold)."""
+    out = []
+    for r in rows:
+        if r.case != f"x8-{what}":
+            continue
+        one = next((o for o in rows if (o.repo, o.variant, o.case) ==
+                    (r.repo, r.variant, f"clone-{what}")), None)
+        if one is not None:
+            out.append((f"{r.repo} {r.variant}", _ratio(r.b_cpu_ms, one.b_cpu_ms),
+                        _ratio(r.b_cold_cpu_ms, one.b_cold_cpu_ms)))
+    return out
+
+
 def targets(rows: list[Row], root_sets: list[str]) -> list[Target]:
     """The issue's goals, evaluated on the medians (cold ratios shown alongside)."""
     def pick(variant: str | None, cases: tuple[str, ...], metric: str
@@ -1167,8 +1237,12 @@ def targets(rows: list[Row], root_sets: list[str]) -> list[Target]:
         Target("fetch-1 wall", 1.1, pick(None, ("fetch-1",), "wall")),
         Target("fetch-1 bytes", 1.3, pick(None, ("fetch-1",), "bytes")),
         Target("clone-x8 wall", 1.0, pick(None, ("clone-x8",), "wall")),
-        Target("blobless clone CPU", 1.0, pick(None, ("filter-blobless",), "cpu")),
-        Target("blobless clone wall", 1.0, pick(None, ("filter-blobless",), "wall")),
+        Target("blobless clone CPU", 1.0, pick(None, ("clone-blobless",), "cpu")),
+        Target("blobless clone wall", 1.0, pick(None, ("clone-blobless",), "wall")),
+        Target("8 identical clones (x8-*) wall", 1.0,
+               pick(None, tuple(c for c in STORM_CASES if c.startswith("x8-")), "wall")),
+        Target("8 identical blobless clones: gitspout CPU / its CPU for one", 1.5,
+               _eight_vs_one(rows, "blobless")),
     ]
     if "git" in root_sets:
         rss: list[tuple[str, float | None, float | None]] = [
@@ -1200,6 +1274,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="gitspout's budgets for the whole run: its defaults, or "
                          "--max-open-packs 8 --cache-memory 8MiB")
     ap.add_argument("--rounds", type=int, default=None, help="A B rounds per case (default 3)")
+    ap.add_argument("--b-arg", action="append", default=[], metavar="ARG",
+                    help="an extra argument for gitspout serve (repeatable), e.g. "
+                         "--b-arg=--pack-cache-ttl=0.001 (coalescing only, no hits across "
+                         "rounds) or --b-arg=--pack-cache-size=0 (no pack cache)")
     ap.add_argument("--quick", action="store_true",
                     help="CI mode: small synthetic repo, 1 round, clone-v2 and fetch-1")
     ap.add_argument("--quick-dir", type=Path, default=QUICK_DIR,
@@ -1405,7 +1483,8 @@ def run(args: argparse.Namespace) -> int:
                 root = rtmp / "root"
                 _make_probe_repo(root)
                 sides = _make_sides(root, gitspout_bin, snapshot, args.keep_tmp,
-                                    TINY_BUDGETS if args.fleet_budgets == "tiny" else ())
+                                    (TINY_BUDGETS if args.fleet_budgets == "tiny" else ())
+                                    + tuple(args.b_arg))
                 try:
                     for side in sides.values():
                         side.start()

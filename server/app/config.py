@@ -110,6 +110,27 @@ class Config:
                           "(packs replaced in a repository nobody asks for are closed at the "
                           "next check); 0 turns it off"},
     )
+    # The pack cache (server/app/packcache.py; docs/ARCHITECTURE.md "Pack cache").
+    pack_cache_size: int = field(
+        default=1 << 30,
+        metadata={"help": "bytes of pack files the pack cache keeps on disk (least recently "
+                          "used removed first); 0 turns the cache off", "size": True},
+    )
+    pack_cache_dir: str = field(
+        default="",
+        metadata={"help": "local directory (or emptyDir) for pack cache files, never the "
+                          "served root; the server makes and removes its own subdirectory "
+                          "in it (default: the system temporary directory)"},
+    )
+    pack_cache_ttl: float = field(
+        default=600.0,
+        metadata={"help": "seconds a complete pack cache entry is served; 0: until evicted"},
+    )
+    pack_cache_on: str = field(
+        default="first",
+        metadata={"help": "cache a pack on its 'first' request, or only on the 'second' "
+                          "identical one (one-off fetches then never touch the disk)"},
+    )
 
     def root_path(self) -> Path:
         return Path(self.root).resolve()
@@ -230,7 +251,21 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"unknown log level {cfg.log_level!r}")
+    _validate_pack_cache(cfg)
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 
 
+
+
+def _validate_pack_cache(cfg: Config) -> None:
+    if cfg.pack_cache_size < 0:
+        raise ConfigError("pack_cache_size must be 0 or more bytes (0 turns the cache off)")
+    if not math.isfinite(cfg.pack_cache_ttl) or cfg.pack_cache_ttl < 0:
+        raise ConfigError("pack_cache_ttl must be a number of seconds, 0 or more")
+    if cfg.pack_cache_on not in ("first", "second"):
+        raise ConfigError("pack_cache_on must be 'first' or 'second'")
+    if cfg.pack_cache_dir and cfg.pack_cache_size:
+        cache, root = Path(cfg.pack_cache_dir).resolve(), Path(cfg.root).resolve()
+        if cache == root or root in cache.parents:
+            raise ConfigError("pack_cache_dir must not be inside the served root")

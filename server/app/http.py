@@ -53,8 +53,9 @@ from .httpreq import (
 )
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
+from .packcache import PackCache, PackCacheCollector, send_pack_cached
 from .pool import WorkPool
-from .stream import PktSection, PktWriter, pump_pack
+from .stream import PktSection, PktWriter
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
            "STATE_KEY"]
@@ -88,6 +89,7 @@ class ServerState:
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
     access: Access | None = None  # --auth-file (auth.py); None: anonymous read
+    pack_cache: PackCache | None = None  # --pack-cache-size 0: none
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -108,6 +110,10 @@ class ServerState:
             state.access = load_access(cfg.auth_file)
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
+        if cfg.pack_cache_size > 0:
+            state.pack_cache = PackCache(cfg.pack_cache_dir, cfg.pack_cache_size,
+                                         cfg.pack_cache_ttl, cfg.pack_cache_on)
+            state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
@@ -328,8 +334,8 @@ async def _write_fetch(state: ServerState, ctx: RequestContext, writer: PktWrite
 async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter, plan: FetchPlan) -> None:
     start = time.monotonic()
     try:
-        await pump_pack(writer, state.executor_for(ctx), lambda: iter_pack(ctx, plan),
-                        state.cfg.keepalive, plan.req.no_progress)
+        await send_pack_cached(state.pack_cache, ctx, plan, writer, state.executor_for(ctx),
+                               lambda: iter_pack(ctx, plan), state.cfg.keepalive)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
     except Exception as exc:  # in-band, whatever it is: the client never sees a cut
@@ -549,3 +555,5 @@ async def _shutdown(state: ServerState) -> None:
     if state.sweeper is not None:
         state.sweeper.cancel()
     state.pool.shutdown(wait=False, cancel_futures=True)
+    if state.pack_cache is not None:
+        state.pack_cache.close()

@@ -297,6 +297,8 @@ class Metrics:
             self.rounds.labels(version)
         for source in ("verbatim", "reused", "generated"):
             self.pack_bytes.labels(source)
+        self.pack_objects.labels("cache")  # app/packcache.py readers: from the first scrape
+        self.pack_bytes.labels("cache")
         self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
                                buckets=HAVES_BUCKETS, registry=r)
         self.caches = _CacheCollector()
@@ -331,7 +333,10 @@ class Metrics:
             if rec.negotiation_round:
                 self.rounds.labels(rec.protocol).inc()
         st = rec.pack_stats
-        if st is not None:
+        if st is not None and st.kind.startswith("cache-"):  # app/packcache.py: a reader
+            self.pack_objects.labels("cache").inc(st.objects)
+            self.pack_bytes.labels("cache").inc(st.size)
+        elif st is not None:
             whole = st.verbatim
             self.pack_objects.labels("verbatim").inc(whole)
             self.pack_objects.labels("reused").inc(max(0, st.reused - whole))

@@ -29,7 +29,9 @@ def served(tmp_path: Path, fixture_root: Path) -> Iterator[LiveServer]:
     root.mkdir()
     copy_repo(fixture_root / "plain.git", root / DAMAGED)
     copy_repo(fixture_root / "basic.git", root / "good.git")
-    srv = start_server(root)
+    # No pack cache: a pack damaged after a first clone must be met by the next one (the
+    # cache would serve the intact pack that first clone produced).
+    srv = start_server(root, ["--pack-cache-size", "0"])
     yield srv
     srv.stop()
 

@@ -1,0 +1,440 @@
+"""The pack cache: one generation per distinct pack, streamed to every identical request
+(docs/ARCHITECTURE.md, "Pack cache").
+
+A fetch whose pack is decided (``core/fetch.py`` ``plan_fetch``) gets a key: what the pack
+bytes are a function of (:func:`pack_key`). The first request for a key *produces*: a task,
+not tied to any client, pulls the pack source in the pool and appends its bytes to a file
+in the cache directory. Every request for that key, the first one included, is a *reader*:
+it reads the file from its own descriptor, at its own pace, up to what the producer has
+written, and frames the bytes for its own side-band (or none), progress (or no-progress)
+and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
+
+A producer that fails leaves its error on the entry: every reader sends it in-band once it
+has sent what was written (I4, P10), the file is removed, and the next request generates
+again. Completed entries serve later identical requests (hits) until their TTL, the byte
+cap (least recently used first) or a new key (a push, a repack) makes them go.
+
+Everything but the pool steps of the producer runs on the event loop, so the index, the
+byte counts and the entries need no lock. Reading the cache file happens on the loop too:
+it is local disk written moments ago (page cache), and a pool round trip per 64 KiB for
+32 readers would queue other repositories' work behind a storm (the fairness target).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..core.context import RequestContext
+from ..core.fetch import FetchPlan
+from ..core.stats import PackStats, Progress
+from .errors import INTERNAL_ERROR, answer_for
+from .stream import PktWriter, pump_pack
+
+__all__ = ["PackCache", "PackCacheCollector", "pack_key", "send_pack_cached"]
+
+log = logging.getLogger("gitspout")
+
+READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k packet
+# A reader whose client keeps taking data never waits in ``write``: without a yield, one
+# reader would send megabytes (a loopback socket buffer) while every other request waits.
+YIELD_EVERY = 256 * 1024
+SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
+_END = object()
+
+
+@dataclass
+class _Entry:
+    """One pack in the cache: its file, how much of it is written, and how it ended."""
+
+    key: bytes
+    path: str
+    repo: str
+    created: float
+    size: int = 0  # bytes written, visible to readers
+    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, line)
+    objects: int = 0
+    done: bool = False
+    failed: str | None = None  # the in-band error text every reader ends with
+    readers: int = 0
+    listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait until the producer writes, ends or fails; False after ``timeout``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout if timeout > 0 else None)
+            return True
+        except TimeoutError:
+            return False
+
+
+@dataclass
+class PackCacheStats:
+    lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("hit", "miss", "joined", "bypass"), 0))
+    served_bytes: int = 0  # bytes read from cache files and sent (every reader)
+    generated_bytes: int = 0  # bytes producers wrote
+    evictions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("size", "ttl", "failed"), 0))
+
+
+class PackCache:
+    """The index of cache entries, the byte cap and the producers (see the module doc)."""
+
+    def __init__(self, directory: str, max_bytes: int, ttl: float, on: str = "first") -> None:
+        base = directory or tempfile.gettempdir()
+        os.makedirs(base, exist_ok=True)
+        # A directory of our own: two servers sharing the base never touch each other's
+        # files, and shutdown removes everything this process wrote.
+        self.directory = tempfile.mkdtemp(prefix="gitspout-packcache-", dir=base)
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self.second = on == "second"
+        self.bytes = 0  # sum of the listed entries' sizes
+        self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
+        self.seen: OrderedDict[bytes, None] = OrderedDict()
+        self.stats = PackCacheStats()
+        self._serial = 0
+        self.producers: set[asyncio.Task[None]] = set()  # referenced until they end
+
+    # -- the index ---------------------------------------------------------------
+
+    def lookup(self, key: bytes, repo: str) -> tuple[_Entry | None, str]:
+        """The entry to read for ``key`` and how it was found: ``hit`` (complete),
+        ``joined`` (being produced), ``miss`` (a new entry: the caller starts its
+        producer) or ``bypass`` (none: not cached, stream directly)."""
+        now = time.monotonic()
+        self._expire(now)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            result = "hit" if entry.done else "joined"
+        elif self.second and key not in self.seen:
+            self._remember(key)
+            result, entry = "bypass", None
+        else:
+            self.seen.pop(key, None)
+            entry = self._create(key, repo, now)
+            result = "miss" if entry is not None else "bypass"
+        self.stats.lookups[result] += 1
+        return entry, result
+
+    def _remember(self, key: bytes) -> None:
+        self.seen[key] = None
+        while len(self.seen) > SEEN_KEYS:
+            self.seen.popitem(last=False)
+
+    def _create(self, key: bytes, repo: str, now: float) -> _Entry | None:
+        self._serial += 1
+        path = os.path.join(self.directory, f"{key.hex()[:40]}-{self._serial}.pack")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:  # the cache directory is unusable: serve without it
+            log.warning("pack cache: cannot create %s: %s", path, exc)
+            return None
+        entry = self.entries[key] = _Entry(key, path, repo, now)
+        return entry
+
+    def _drop(self, entry: _Entry, reason: str | None) -> None:
+        """Unlist an entry and unlink its file; its readers keep reading from their open
+        descriptors (Linux keeps an unlinked file's data until its last close)."""
+        if not entry.listed:
+            return
+        entry.listed = False
+        if self.entries.get(entry.key) is entry:
+            del self.entries[entry.key]
+        self.bytes -= entry.size
+        if reason is not None:
+            self.stats.evictions[reason] += 1
+        if reason in ("ttl", "size"):
+            self._remember(entry.key)  # it was asked for: the next request caches it again
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            pass
+
+    def discard(self, entry: _Entry) -> None:
+        """Forget an entry that cannot be read (its producer, if any, fails it)."""
+        entry.failed = entry.failed or "pack cache entry lost"
+        self._drop(entry, "failed")
+        entry.wake()
+
+    def _expire(self, now: float) -> None:
+        if self.ttl <= 0:
+            return
+        old = [e for e in self.entries.values() if e.done and now - e.created > self.ttl]
+        for entry in old:
+            self._drop(entry, "ttl")
+
+    def _grew(self, entry: _Entry, n: int) -> None:
+        """The producer wrote ``n`` bytes: count them, then get back under the cap, least
+        recently used first, entries nobody reads before those being read; an entry still
+        being produced goes last (its readers carry on, nobody new joins it)."""
+        entry.size += n
+        self.stats.generated_bytes += n
+        if not entry.listed:
+            return
+        self.bytes += n
+        if self.bytes <= self.max_bytes:
+            return
+        for pick in (lambda e: e.done and not e.readers, lambda e: e.done,
+                     lambda e: e is not entry, lambda e: True):
+            for victim in [e for e in self.entries.values() if pick(e)]:
+                if self.bytes <= self.max_bytes:
+                    return
+                self._drop(victim, "size")
+
+    def close(self) -> None:
+        """Shutdown: forget every entry and remove the directory."""
+        for entry in list(self.entries.values()):
+            self._drop(entry, None)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- producing ---------------------------------------------------------------
+
+    async def produce(self, entry: _Entry, ctx: RequestContext, executor: Executor,
+                      make_iter: Callable[[], Iterator[Any]]) -> None:
+        """Pull the pack source in the pool and append its bytes to the entry's file,
+        as fast as it goes, until it ends, fails, or nobody reads any more."""
+        loop = asyncio.get_running_loop()
+        ctx.hold()  # the packs it reads stay leased even once the first client is gone
+        fd = -1
+        it: Iterator[Any] | None = None
+        step: asyncio.Future[Any] | None = None
+        try:
+            fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
+            it = await loop.run_in_executor(executor, make_iter)
+            while entry.readers:
+                step = loop.run_in_executor(executor, _produce_step, it, fd)
+                item = await step
+                if item is _END:
+                    entry.done = True
+                    if ctx.pack_stats is not None:
+                        entry.objects = ctx.pack_stats.objects
+                    break
+                if isinstance(item, Progress):
+                    entry.progress.append((entry.size, item.text))
+                else:
+                    self._grew(entry, item)
+                entry.wake()
+        except Exception as exc:  # every reader ends with it, in-band
+            answer = answer_for(exc, entry.repo, started=True)
+            entry.failed = answer.text if answer is not None else INTERNAL_ERROR
+            if answer is None:
+                log.exception("pack cache: producing a pack of %s failed", entry.repo)
+        finally:
+            if not entry.done:
+                entry.failed = entry.failed or "pack generation stopped"
+                self._drop(entry, "failed")
+            entry.wake()
+            if fd >= 0:
+                _release_when_done(step, it, fd, executor, loop)
+            ctx.unhold()
+
+    # -- reading -----------------------------------------------------------------
+
+    def open_reader(self, entry: _Entry) -> int:
+        """A descriptor on the entry's file, opened at once (on the loop, before any
+        await) so that an eviction can unlink the file but not take it from this reader."""
+        fd = os.open(entry.path, os.O_RDONLY)
+        entry.readers += 1
+        return fd
+
+    async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
+                   no_progress: bool) -> None:
+        """Send the entry to one client as it grows, framed for that client."""
+        pos = shown = since_yield = 0
+        try:
+            while True:
+                while shown < len(entry.progress) and entry.progress[shown][0] <= pos:
+                    if not no_progress:
+                        await writer.progress(entry.progress[shown][1])
+                        await writer.drain()
+                    shown += 1
+                if pos < entry.size:
+                    data = os.pread(fd, min(READ_CHUNK, entry.size - pos), pos)
+                    if not data:
+                        raise OSError(f"pack cache file {entry.path} shrank")
+                    pos += len(data)
+                    self.stats.served_bytes += len(data)
+                    await writer.pack_data(data)
+                    since_yield += len(data)
+                    if since_yield >= YIELD_EVERY:
+                        since_yield = 0
+                        await asyncio.sleep(0)
+                elif entry.failed is not None:
+                    await writer.error(entry.failed, in_band=True)
+                    return
+                elif entry.done and shown == len(entry.progress):
+                    return
+                elif not entry.done and not await entry.changed(keepalive):
+                    await writer.keepalive()
+        finally:
+            os.close(fd)
+            entry.readers -= 1
+            if entry.readers == 0 and not entry.done:
+                entry.wake()  # the producer notices at its next step and stops
+
+
+def _release_when_done(step: asyncio.Future[Any] | None, it: Iterator[Any] | None, fd: int,
+                       executor: Executor, loop: asyncio.AbstractEventLoop) -> None:
+    """Close the source and the file once no pool step uses them (a cancelled producer's
+    last step may still be running: closing under it would be a write to a reused fd)."""
+    def release() -> None:
+        try:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        finally:
+            os.close(fd)
+
+    def after(_: object = None) -> None:
+        try:
+            loop.run_in_executor(executor, release)
+        except RuntimeError:  # the pool or the loop is shutting down
+            release()
+
+    if step is None or step.done():
+        after()
+    else:
+        step.add_done_callback(after)
+
+
+def _produce_step(it: Iterator[Any], fd: int) -> int | object:
+    """In the pool: the next item; pack bytes are appended to the file (their count is
+    returned), progress lines returned as they are."""
+    item: object = next(it, _END)
+    if isinstance(item, bytes | bytearray | memoryview):
+        view = memoryview(item)
+        while view:
+            view = view[os.write(fd, view):]
+        return len(item)
+    return item
+
+
+def _tags_digest(ctx: RequestContext) -> bytes:
+    """The visible tags (what include-tag may add), by value."""
+    _, refs = ctx.visible()
+    tags = [r.oid + b" " + (r.peeled or b"") for r in refs if r.name.startswith(b"refs/tags/")]
+    return hashlib.sha256(b"\n".join(tags)).digest() if tags else b""
+
+
+def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
+    """What the pack's bytes are a function of (blocking, in the pool).
+
+    The repository and its frozen pack set (name and inode per pack: a repack is a new
+    key); what the ref state decided for this pack: the wants resolved against the visible
+    refs (want-ref included; a push moves them), with the parents an unshallow adds, and
+    the visible tags when include-tag may add them; the effective common set (haves we do
+    not have change nothing), the shallow cut, the filter, and the capabilities that change
+    the bytes (thin-pack, ofs-delta, include-tag). Side-band, progress and the protocol
+    version only change the framing, applied per reader. Never who asks.
+
+    The ref state goes in by value, not as the listing's state token: the token changes
+    with every unrelated ref update, and once more when a fresh listing stops being racy
+    (store/fscache.py), which would split one storm over two keys. Objects are immutable,
+    so equal values mean equal packs: no stale pack is ever served.
+    """
+    req = plan.req
+    parts = [
+        ctx.repo.gitdir.encode(), ctx.object_format.encode(),
+        repr([p.key for p in ctx.odb.packs]).encode(),
+        b"w", *sorted(set(plan.wants) | set(plan.shallow.extra_wants)),
+        b"c", *sorted(plan.common), b"s", *sorted(plan.shallow.cut),
+        b"%d" % plan.shallow.sent, repr(req.filter).encode(),
+        # thin-pack without a common object changes nothing: clones share with or without
+        b"%d%d" % (req.thin_pack and bool(plan.common), req.ofs_delta),
+        _tags_digest(ctx) if req.include_tag else b"",  # include-tag and no tag: the same
+    ]
+    return hashlib.sha256(b"\0".join(parts)).digest()
+
+
+async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: FetchPlan,
+                           writer: PktWriter, executor: Executor,
+                           make_iter: Callable[[], Iterator[Any]], keepalive: float) -> None:
+    """Send a fetch's pack through the pack cache (or straight from its source when there
+    is no cache or the entry is not to be cached). The one hook in the fetch path."""
+    no_progress = plan.req.no_progress
+    if cache is None:
+        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        return
+    key = await asyncio.get_running_loop().run_in_executor(executor, pack_key, ctx, plan)
+    entry, result = cache.lookup(key, ctx.repo.url_path)
+    if entry is None:
+        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        return
+    try:
+        fd = cache.open_reader(entry)
+    except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
+        log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
+        if entry.done or result == "miss":  # in production: its readers have their fds
+            cache.discard(entry)
+        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        return
+    if result == "miss":
+        task = asyncio.get_running_loop().create_task(
+            cache.produce(entry, ctx, executor, make_iter))
+        cache.producers.add(task)
+        task.add_done_callback(cache.producers.discard)
+        await cache.read(entry, fd, writer, keepalive, no_progress)
+        return
+    stats = ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
+    await cache.read(entry, fd, writer, keepalive, no_progress)
+    stats.objects, stats.size = entry.objects, entry.size
+
+
+class PackCacheCollector:
+    """``gitspout_pack_cache_*``: lookups by result, bytes served and generated,
+    evictions by reason, bytes and entries held."""
+
+    def __init__(self, cache: PackCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        c, st = self.cache, self.cache.stats
+        lookups = CounterMetricFamily(
+            "gitspout_pack_cache_lookups", "Pack cache lookups: hit (complete), joined "
+            "(an in-flight producer), miss (generated here), bypass (not cached).",
+            labels=["result"])
+        for result, n in st.lookups.items():
+            lookups.add_metric([result], n)
+        yield lookups
+        yield CounterMetricFamily("gitspout_pack_cache_served_bytes",
+                                  "Pack bytes read from cache files and sent.",
+                                  value=st.served_bytes)
+        yield CounterMetricFamily("gitspout_pack_cache_generated_bytes",
+                                  "Pack bytes producers wrote to the cache.",
+                                  value=st.generated_bytes)
+        evictions = CounterMetricFamily(
+            "gitspout_pack_cache_evictions", "Entries removed: size (over the cap), ttl, "
+            "failed (the producer failed or was abandoned).", labels=["reason"])
+        for reason, n in st.evictions.items():
+            evictions.add_metric([reason], n)
+        yield evictions
+        yield GaugeMetricFamily("gitspout_pack_cache_bytes",
+                                "Bytes of the listed cache files.", value=c.bytes)
+        yield GaugeMetricFamily("gitspout_pack_cache_limit_bytes",
+                                "The --pack-cache-size cap.", value=c.max_bytes)
+        yield GaugeMetricFamily("gitspout_pack_cache_entries", "Entries listed.",
+                                value=len(c.entries))

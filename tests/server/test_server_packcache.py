@@ -1,0 +1,392 @@
+"""The pack cache (server/app/packcache.py, docs/ARCHITECTURE.md "Pack cache"): identical
+fetches share one generation, each reader at its own pace; a failing producer fails every
+reader in-band and is not kept; the byte cap holds; a push or a repack is a new key.
+
+Real clients throughout: ``git clone`` against a live server, raw sockets for the readers
+that stall or hang up, a truncated loose object for the producer that fails midway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gitutil import Git, LiveServer, copy_repo, fsck, start_server
+from rawhttp import (
+    UPLOAD_CT,
+    abort,
+    build_request,
+    parse_pkts,
+    parse_response,
+    read_until_close,
+    v2_command,
+)
+
+STORM = "storm.git"
+BLOB_BYTES = 3 << 20  # x4 blobs: a 12 MiB pack, more than a stalled socket takes in
+
+
+def _blob_commits(git: Git, repo: Path, sizes: list[int], seed: int, branch: str = "main",
+                  parent: str | None = None) -> str:
+    """Commits on ``branch``, each adding one incompressible blob (plumbing: fast)."""
+    rng = random.Random(seed)
+    gd = ["--git-dir", str(repo)]
+    when = 1_600_000_000 + seed
+    entries: list[str] = []
+    if parent is not None:
+        entries = git.out(*gd, "ls-tree", parent).splitlines()
+    for i, size in enumerate(sizes):
+        blob = git.out(*gd, "hash-object", "-w", "--stdin", input=rng.randbytes(size)).strip()
+        entries.append(f"100644 blob {blob}\t{branch}-{seed}-{i}.bin")
+        tree = git.out(*gd, "mktree", input="\n".join(entries).encode() + b"\n").strip()
+        when += 60
+        env = {"GIT_AUTHOR_DATE": f"{when} +0000", "GIT_COMMITTER_DATE": f"{when} +0000"}
+        args = ["-p", parent] if parent else []
+        parent = git.out(*gd, "commit-tree", tree, *args, "-m", f"c{i}", env=env).strip()
+    assert parent is not None
+    git.run(*gd, "update-ref", f"refs/heads/{branch}", parent)
+    return parent
+
+
+def _bare(git: Git, path: Path) -> Path:
+    git.run("init", "-q", "--bare", "-b", "main", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
+    """storm.git: 4 commits of 3 MiB incompressible blobs, one pack with a bitmap."""
+    root = tmp_path_factory.mktemp("packcache")
+    repo = _bare(git, root / STORM)
+    _blob_commits(git, repo, [BLOB_BYTES] * 4, seed=1)
+    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    return root
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def storm_server(cache_root: Path, cache_dir: Path) -> Iterator[LiveServer]:
+    srv = start_server(cache_root, ["--pack-cache-dir", str(cache_dir)])
+    yield srv
+    srv.stop()
+
+
+def metrics(srv: LiveServer) -> dict[str, float]:
+    """``gitspout_pack_cache_*`` samples, by name and labels as written."""
+    with urllib.request.urlopen(f"{srv.url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gitspout_pack_cache_"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def lookups(srv: LiveServer) -> dict[str, int]:
+    m = metrics(srv)
+    return {r: int(m.get(f'gitspout_pack_cache_lookups_total{{result="{r}"}}', 0))
+            for r in ("hit", "miss", "joined", "bypass")}
+
+
+def clone_procs(git: Git, url: str, dests: list[Path], *extra: str) -> list[subprocess.Popen[bytes]]:
+    from gitutil import git_env
+
+    procs = []
+    for i, dest in enumerate(dests):
+        quiet = ["--quiet"] if i % 2 else []  # progress or not: the same entry
+        procs.append(subprocess.Popen(
+            ["git", "-c", "protocol.version=2", "clone", "--mirror", *quiet, *extra, url,
+             str(dest)], env=git_env(git.home), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = 90) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        out.append((p.returncode, err.decode(errors="replace")))
+    return out
+
+
+def pack_of(clone: Path) -> bytes:
+    (pack,) = (clone / "objects" / "pack").glob("pack-*.pack")
+    return pack.read_bytes()
+
+
+def fetch_body(git: Git, repo: Path) -> bytes:
+    """The v2 fetch a mirror clone of ``repo`` sends (every ref tip, no haves)."""
+    tips = sorted(set(git.out("--git-dir", str(repo), "for-each-ref",
+                              "--format=%(objectname)").split()))
+    args = ("thin-pack", "ofs-delta", *(f"want {t}" for t in tips), "done")
+    return v2_command("fetch", args=args)
+
+
+def open_fetch(port: int, repo: str, body: bytes, rcvbuf: int = 4096) -> socket.socket:
+    """A raw v2 fetch on a socket with a small receive buffer, nothing read yet."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(15)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(build_request("POST", f"/{repo}/git-upload-pack",
+                               {"Content-Type": UPLOAD_CT, "Git-Protocol": "version=2"}, body))
+    return sock
+
+
+def pack_from_v2(body: bytes) -> bytes:
+    """The pack data (band 1 after ``packfile``) of a v2 fetch response."""
+    pkts = parse_pkts(body)
+    start = pkts.index(b"packfile\n") + 1
+    data = [p[1:] for p in pkts[start:] if p is not None and p[:1] == b"\x01"]
+    errors = [p[1:] for p in pkts[start:] if p is not None and p[:1] == b"\x03"]
+    assert not errors, errors
+    return b"".join(data)
+
+
+def test_identical_clones_share_one_generation(git: Git, cache_root: Path, cache_dir: Path,
+                                               storm_server: LiveServer, tmp_path: Path) -> None:
+    n = 6
+    dests = [tmp_path / f"c{i}.git" for i in range(n)]
+    results = wait_all(clone_procs(git, f"{storm_server.url}/{STORM}", dests))
+    assert all(rc == 0 for rc, _ in results), results
+    packs = {hashlib.sha256(pack_of(d)).hexdigest() for d in dests}
+    assert len(packs) == 1, "every clone got the same pack, byte for byte"
+    for d in dests:
+        fsck(git, d)
+    seen = lookups(storm_server)
+    assert seen["miss"] == 1 and seen["hit"] + seen["joined"] == n - 1, seen
+    m = metrics(storm_server)
+    size = len(pack_of(dests[0]))
+    assert m["gitspout_pack_cache_generated_bytes_total"] == size  # one generation
+    assert m["gitspout_pack_cache_served_bytes_total"] == n * size
+    # A later identical clone is a hit; the file is in the server's own subdirectory.
+    assert wait_all(clone_procs(git, f"{storm_server.url}/{STORM}", [tmp_path / "late.git"]))[0][0] == 0
+    assert lookups(storm_server)["hit"] >= 1
+    (sub,) = cache_dir.glob("gitspout-packcache-*")
+    assert [f.stat().st_size for f in sub.iterdir()] == [size]
+
+
+def test_stalled_and_hung_up_readers(git: Git, cache_root: Path, storm_server: LiveServer,
+                                     tmp_path: Path) -> None:
+    """A reader that reads nothing, and one that hangs up after 64 KiB, while clones of
+    the same pack complete; then the stalled one reads the whole pack, intact."""
+    body = fetch_body(git, cache_root / STORM)
+    stalled = open_fetch(storm_server.port, STORM, body)
+    hung = open_fetch(storm_server.port, STORM, body)
+    try:
+        got = b""
+        while len(got) < 65536:
+            chunk = hung.recv(65536)
+            assert chunk
+            got += chunk
+        abort(hung)
+        dests = [tmp_path / f"c{i}.git" for i in range(3)]
+        results = wait_all(clone_procs(git, f"{storm_server.url}/{STORM}", dests), timeout=60)
+        assert all(rc == 0 for rc, _ in results), results
+        for d in dests:
+            fsck(git, d)
+        data, closed = read_until_close(stalled, timeout=60)
+        assert closed
+    finally:
+        stalled.close()
+    pack = pack_from_v2(parse_response(data).body)
+    assert hashlib.sha1(pack[:-20]).digest() == pack[-20:]
+    assert pack == pack_of(dests[0])
+    seen = lookups(storm_server)
+    assert seen["miss"] == 1 and seen["hit"] + seen["joined"] == 4, seen
+
+
+@pytest.fixture
+def fault_root(tmp_path: Path, git: Git) -> tuple[Path, Path]:
+    """fault.git: a packed history (no bitmap: a walk) and, on top, one commit whose 1 MiB
+    blob is loose: the last entry of the pack it is sent in. Returns root and that loose
+    file."""
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = _bare(git, root / "fault.git")
+    tip = _blob_commits(git, repo, [1 << 20] * 2, seed=7)
+    git.run("--git-dir", str(repo), "-c", "repack.writeBitmaps=false", "repack", "-adq")
+    top = _blob_commits(git, repo, [1 << 20], seed=8, parent=tip)
+    blob = git.out("--git-dir", str(repo), "rev-parse", f"{top}:main-8-0.bin").strip()
+    loose = repo / "objects" / blob[:2] / blob[2:]
+    assert loose.exists()
+    return root, loose
+
+
+def test_producer_failure_fails_every_reader_and_is_not_kept(
+        git: Git, fault_root: tuple[Path, Path], cache_dir: Path, tmp_path: Path) -> None:
+    root, loose = fault_root
+    good = loose.read_bytes()
+    loose.chmod(0o644)
+    loose.write_bytes(good[: len(good) // 2])  # its header inflates; its body ends early
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/fault.git"
+        dests = [tmp_path / f"f{i}.git" for i in range(3)]
+        results = wait_all(clone_procs(git, url, dests))
+        for rc, err in results:
+            assert rc != 0
+            assert "cannot read repository /fault.git" in err, err
+        # Midway: the pack had started (the packed part precedes the loose blob).
+        assert metrics(srv)["gitspout_pack_cache_generated_bytes_total"] > 1 << 20
+        body = fetch_body(git, root / "fault.git")
+        raw = open_fetch(srv.port, "fault.git", body, rcvbuf=1 << 20)
+        data, _ = read_until_close(raw, timeout=30)
+        raw.close()
+        pkts = [p for p in parse_pkts(parse_response(data).body) if p is not None]
+        assert pkts[-1][:1] == b"\x03" and b"cannot read repository" in pkts[-1], pkts[-1][:200]
+        m = metrics(srv)
+        assert m['gitspout_pack_cache_evictions_total{reason="failed"}'] >= 1
+        assert m["gitspout_pack_cache_entries"] == 0
+        assert not list(next(cache_dir.glob("gitspout-packcache-*")).iterdir())
+        misses = lookups(srv)["miss"]
+        loose.write_bytes(good)  # repaired: the next request generates again
+        ok = tmp_path / "ok.git"
+        assert wait_all(clone_procs(git, url, [ok]))[0][0] == 0
+        fsck(git, ok)
+        assert lookups(srv)["miss"] == misses + 1
+    finally:
+        srv.stop()
+
+
+def test_cap_is_respected(git: Git, tmp_path: Path, cache_dir: Path) -> None:
+    """Four branches of 600 KiB each under a 1.5 MB cap: old entries go, least recently
+    used first; a pack bigger than the cap is served whole and not kept."""
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = _bare(git, root / "cap.git")
+    for b in range(4):
+        _blob_commits(git, repo, [600 << 10], seed=20 + b, branch=f"b{b}")
+    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    cap = 1_500_000
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir), "--pack-cache-size", str(cap)])
+    try:
+        sub = next(cache_dir.glob("gitspout-packcache-*"))
+        for b in range(4):
+            dest = tmp_path / f"b{b}.git"
+            git.run("clone", "--bare", "-q", "--single-branch", "-b", f"b{b}",
+                    f"{srv.url}/cap.git", str(dest))
+            fsck(git, dest)
+            assert sum(f.stat().st_size for f in sub.iterdir()) <= cap
+        m = metrics(srv)
+        assert m['gitspout_pack_cache_evictions_total{reason="size"}'] >= 2
+        assert m["gitspout_pack_cache_bytes"] <= cap
+        whole = tmp_path / "whole.git"  # ~2.4 MB: over the cap
+        git.run("clone", "--mirror", "-q", f"{srv.url}/cap.git", str(whole))
+        fsck(git, whole)
+        assert sum(f.stat().st_size for f in sub.iterdir()) <= cap
+        assert metrics(srv)["gitspout_pack_cache_bytes"] <= cap
+    finally:
+        srv.stop()
+
+
+def test_push_and_repack_give_new_keys(git: Git, fixture_root: Path, tmp_path: Path,
+                                       cache_dir: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    served = copy_repo(fixture_root / "basic.git", root / "basic.git")
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/basic.git"
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "one.git"))
+        work = tmp_path / "work"
+        git.run("clone", "-q", str(served), str(work))
+        (work / "pushed.txt").write_text("after the first clone\n")
+        git.run("add", "pushed.txt", cwd=work)
+        git.run("commit", "-qm", "pushed", cwd=work)
+        git.run("push", "-q", "origin", "HEAD:main", cwd=work)
+        new = git.out("rev-parse", "HEAD", cwd=work).strip()
+        two = tmp_path / "two.git"
+        git.run("clone", "--mirror", "-q", url, str(two))
+        assert git.out("--git-dir", str(two), "rev-parse", "main").strip() == new
+        fsck(git, two)
+        assert lookups(srv)["miss"] == 2
+        git.run("--git-dir", str(served), "repack", "-adq")  # same refs, new pack set
+        three = tmp_path / "three.git"
+        git.run("clone", "--mirror", "-q", url, str(three))
+        fsck(git, three)
+        assert lookups(srv) == {"hit": 0, "miss": 3, "joined": 0, "bypass": 0}
+    finally:
+        srv.stop()
+
+
+def test_ttl_and_second_occurrence(git: Git, fixture_root: Path, tmp_path: Path,
+                                   cache_dir: Path) -> None:
+    srv = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir), "--pack-cache-ttl",
+                                      "1", "--pack-cache-on", "second"])
+    try:
+        url = f"{srv.url}/basic.git"
+        for i in range(3):
+            git.run("clone", "--mirror", "-q", url, str(tmp_path / f"c{i}.git"))
+        assert lookups(srv) == {"hit": 1, "miss": 1, "joined": 0, "bypass": 1}
+        time.sleep(1.2)  # past the TTL: generated again, and kept again
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "late.git"))
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 1}
+        assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="ttl"}'] == 1
+    finally:
+        srv.stop()
+
+
+def test_cache_dir_inside_root_is_refused(fixture_root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(fixture_root),
+         "--port", "0", "--pack-cache-dir", str(fixture_root / "cache")],
+        capture_output=True, timeout=30, text=True)
+    assert proc.returncode != 0
+    assert re.search("pack_cache_dir must not be inside the served root", proc.stderr + proc.stdout)
+
+
+def test_settings_as_flag_env_and_toml(tmp_path: Path) -> None:
+    from gitspout.server.app.config import ConfigError, load_config
+
+    root = tmp_path / "root"
+    root.mkdir()
+    cfg = load_config({"root": str(root), "pack_cache_size": "64MiB", "pack_cache_on": "second"},
+                      env={})
+    assert (cfg.pack_cache_size, cfg.pack_cache_on) == (64 << 20, "second")
+    cfg = load_config({"root": str(root)}, env={"GITSPOUT_PACK_CACHE_TTL": "30",
+                                                "GITSPOUT_PACK_CACHE_DIR": str(tmp_path / "c")})
+    assert (cfg.pack_cache_ttl, cfg.pack_cache_dir) == (30.0, str(tmp_path / "c"))
+    toml = tmp_path / "g.toml"
+    toml.write_text('pack-cache-size = "1GiB"\npack_cache_ttl = 5\n')
+    cfg = load_config({"root": str(root), "config": str(toml)}, env={})
+    assert (cfg.pack_cache_size, cfg.pack_cache_ttl) == (1 << 30, 5.0)
+    for bad in ({"pack_cache_on": "third"}, {"pack_cache_size": "-1"},
+                {"pack_cache_dir": str(root / "x")}):
+        with pytest.raises(ConfigError):
+            load_config({"root": str(root), **bad}, env={})
+
+
+def test_cache_file_removed_behind_its_back(git: Git, fixture_root: Path, tmp_path: Path,
+                                            cache_dir: Path) -> None:
+    """A temp-dir cleaner removed a finished entry's file: that fetch is served from the
+    repository, the entry is forgotten, the next one generates again."""
+    srv = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/basic.git"
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "a.git"))
+        for f in next(cache_dir.glob("gitspout-packcache-*")).iterdir():
+            f.unlink()
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "b.git"))
+        fsck(git, tmp_path / "b.git")
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "c.git"))
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 0}
+        assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="failed"}'] == 1
+    finally:
+        srv.stop()
