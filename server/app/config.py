@@ -101,6 +101,23 @@ class Config:
                           "next check); 0 turns it off"},
     )
 
+    # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
+    drain_timeout: float = field(
+        default=30.0,
+        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish "
+                          "(new connections are refused at once); then they are cut and "
+                          "the process exits 0"},
+    )
+    ready_check_interval: float = field(
+        default=2.0,
+        metadata={"help": "seconds a /readyz check of the repository root is reused"},
+    )
+    ready_check_timeout: float = field(
+        default=1.0,
+        metadata={"help": "seconds a /readyz check of the repository root may take before "
+                          "/readyz answers 503 (a hung mount)"},
+    )
+
     def root_path(self) -> Path:
         return Path(self.root).resolve()
 
@@ -216,6 +233,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("cache_memory must be 0 or more bytes")
     if not math.isfinite(cfg.sweep_interval) or cfg.sweep_interval < 0:
         raise ConfigError("sweep_interval must be a number of seconds, 0 or more (0 turns it off)")
+    for name in ("drain_timeout", "ready_check_interval", "ready_check_timeout"):
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a number of seconds, 0 or more")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

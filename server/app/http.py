@@ -38,6 +38,7 @@ from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .config import Config
 from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
+from .health import PROBE_PATHS, Health, RootCheck
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
@@ -86,6 +87,8 @@ class ServerState:
     inflating: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
+    health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
+    in_flight: int = 0  # git requests being served (the gauge, readable)
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -104,6 +107,7 @@ class ServerState:
         state.metrics.open_files.source = state.registry
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
+        state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
@@ -426,8 +430,11 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         if request.path == "/metrics" and metrics_route:
             return metrics_response(state)
+        if request.path in PROBE_PATHS and state.health is not None:
+            return await state.health.respond(request)  # not a git request: not counted
         rec = RequestRecord(agent=request.headers.get("User-Agent", "")[:100])
         state.metrics.in_flight.inc()
+        state.in_flight += 1
         resp: web.StreamResponse | None = None
         status = 500  # a bug escaped the handler: aiohttp answers 500
         try:
@@ -438,13 +445,17 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             raise
         finally:
             state.metrics.in_flight.dec()
+            state.in_flight -= 1
             _finish(state, rec, resp, status)
             if rec.context is not None:
                 rec.context.close()  # leases end once the pool is done with it too
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_startup.append(lambda _app: _start_sweeper(state))
-    app.on_shutdown.append(lambda _app: _shutdown(state))
+    app.on_shutdown.append(lambda _app: _stop_sweeper(state))
+    # The pool goes last, once aiohttp has let the handlers finish (or cut them at
+    # --drain-timeout): on_cleanup runs after that, on_shutdown before it.
+    app.on_cleanup.append(lambda _app: _close_pool(state))
     return app
 
 
@@ -520,7 +531,10 @@ async def _start_sweeper(state: ServerState) -> None:
         state.sweeper = asyncio.get_running_loop().create_task(state.sweep_forever())
 
 
-async def _shutdown(state: ServerState) -> None:
+async def _stop_sweeper(state: ServerState) -> None:
     if state.sweeper is not None:
         state.sweeper.cancel()
+
+
+async def _close_pool(state: ServerState) -> None:
     state.pool.shutdown(wait=False, cancel_futures=True)

@@ -242,8 +242,12 @@ def _close_when_done(fut: asyncio.Future[Any], it: Iterator[Any], executor: Exec
         return
 
     def _after(_: object) -> None:
-        if not loop.is_closed():
+        if loop.is_closed():
+            return
+        try:
             loop.run_in_executor(executor, close)
+        except RuntimeError:  # the pool is shut down (a request cut at --drain-timeout)
+            close()
 
     if fut.done():
         _after(fut)
