@@ -118,6 +118,29 @@ class Config:
                           "/readyz answers 503 (a hung mount)"},
     )
 
+    # Admission control (server/app/admission.py; docs/ARCHITECTURE.md "Admission control").
+    max_packs: int = field(
+        default=16,
+        metadata={"help": "packs generated at once over all repositories; more wait in the "
+                          "queue (0: no limit)"},
+    )
+    max_packs_per_repo: int = field(
+        default=8, metadata={"help": "packs generated at once for one repository (0: no limit)"},
+    )
+    pack_queue: int = field(
+        default=128,
+        metadata={"help": "pack requests that may wait for a slot; one more is answered 503 "
+                          "(0: none waits)"},
+    )
+    pack_queue_wait: float = field(
+        default=30.0,
+        metadata={"help": "seconds a pack request may wait for a slot before it is "
+                          "answered 503"},
+    )
+    retry_after: int = field(
+        default=10, metadata={"help": "Retry-After seconds of a 503 for load"},
+    )
+
     def root_path(self) -> Path:
         return Path(self.root).resolve()
 
@@ -237,6 +260,11 @@ def _validate(cfg: Config) -> None:
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more")
+    for name in ("max_packs", "max_packs_per_repo", "pack_queue", "retry_after"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be 0 or more")
+    if not math.isfinite(cfg.pack_queue_wait) or cfg.pack_queue_wait <= 0:
+        raise ConfigError("pack_queue_wait must be a number of seconds above 0")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -8,6 +8,7 @@ are taken before ``prepare()`` sends the 200; after that, errors go in-band.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -35,6 +36,7 @@ from ..store.fscache import DirCache
 from ..store.lru import MEMORY
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
+from .admission import Admission, AdmissionLimits, Overloaded
 from .config import Config
 from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
@@ -89,6 +91,7 @@ class ServerState:
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
     health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
     in_flight: int = 0  # git requests being served (the gauge, readable)
+    admission: Admission | None = None  # slots for pack generation (admission.py)
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -107,6 +110,9 @@ class ServerState:
         state.metrics.open_files.source = state.registry
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         state.metrics.caches.budget = MEMORY
+        state.admission = Admission(
+            AdmissionLimits(cfg.max_packs, cfg.max_packs_per_repo, cfg.pack_queue,
+                            cfg.pack_queue_wait, cfg.retry_after), state.metrics.registry)
         state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
@@ -144,6 +150,14 @@ class ServerState:
                 await asyncio.get_running_loop().run_in_executor(self.pool, self.registry.sweep)
             except RuntimeError:  # the pool is shutting down
                 return
+
+    def pack_slot(self, ctx: RequestContext,
+                  framed: _Framed) -> contextlib.AbstractAsyncContextManager[None]:
+        """A slot for the pack of this response (admission.py), if it sends one: taken
+        before the 200, or :class:`Overloaded` (503) is raised."""
+        if not framed.pack or self.admission is None:
+            return contextlib.nullcontext()
+        return self.admission.slot(ctx.repo.url_path)
 
     def executor_for(self, ctx: RequestContext) -> Executor:
         """The pool, as seen by work for ``ctx`` (pack streaming): each job holds ctx."""
@@ -276,11 +290,12 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
         plan, framed = await state.run(_plan_v0, ctx, req)
     else:
         plan, framed = None, _Framed.of(iter_v0_fetch_response(None))
-    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, req.sideband, record=rec)
-    rec.negotiation_round = plan is not None and not plan.send_pack
-    await _write_fetch(state, ctx, writer, plan, framed)
-    await resp.write_eof()
+    async with state.pack_slot(ctx, framed):
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        writer = PktWriter(resp, req.sideband, record=rec)
+        rec.negotiation_round = plan is not None and not plan.send_pack
+        await _write_fetch(state, ctx, writer, plan, framed)
+        await resp.write_eof()
     return resp
 
 
@@ -401,11 +416,12 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     plan, framed = await state.run(_plan_v2, ctx, req)
-    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
-    rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
-    await _write_fetch(state, ctx, writer, plan, framed)
-    await resp.write_eof()
+    async with state.pack_slot(ctx, framed):
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
+        rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
+        await _write_fetch(state, ctx, writer, plan, framed)
+        await resp.write_eof()
     return resp
 
 
@@ -503,6 +519,10 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # aiohttp treats a premature disconnection (no 500, no traceback).
         log.debug("client went away: %s %s", request.method, request.path)
         raise asyncio.CancelledError() from None
+    except Overloaded as exc:  # load, not a fault: 503 before any pack byte (admission.py)
+        resp = text_response(503, exc.text)
+        resp.headers["Retry-After"] = str(exc.retry_after)
+        return resp
     except Exception as exc:  # before the 200: the one mapping (errors.py) decides
         answer = answer_for(exc, repo_path)
         if answer is None:
