@@ -19,6 +19,7 @@ from aiohttp import web
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
 from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
+from .memory import fix_mmap_threshold
 
 __all__ = ["main", "serve"]
 
@@ -135,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(message)s")
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)
     uvloop.run(serve(cfg))
     return 0

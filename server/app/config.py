@@ -101,6 +101,19 @@ class Config:
                           "next check); 0 turns it off"},
     )
 
+    output_buffer: int = field(
+        default=256 << 10,
+        metadata={"help": "bytes queued for one connection's socket before the pack "
+                          "producer waits for the client (per-connection output cap); "
+                          "suffixes KiB, MiB accepted", "size": True},
+    )
+    inflate_memory: int = field(
+        default=128 << 20,
+        metadata={"help": "bytes of large objects held whole at once over all requests "
+                          "(a delta resolved to be sent whole); requests needing more wait; "
+                          "suffixes KiB, MiB, GiB accepted", "size": True},
+    )
+
     # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
     drain_timeout: float = field(
         default=30.0,
@@ -265,6 +278,10 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be 0 or more")
     if not math.isfinite(cfg.pack_queue_wait) or cfg.pack_queue_wait <= 0:
         raise ConfigError("pack_queue_wait must be a number of seconds above 0")
+    if cfg.output_buffer < 4096:
+        raise ConfigError("output_buffer must be at least 4096 bytes")
+    if cfg.inflate_memory < 0:
+        raise ConfigError("inflate_memory must be 0 or more bytes")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -31,6 +31,7 @@ from ..core import answers
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan, plan_fetch
 from ..packgen.packplan import iter_pack
+from ..store.bigobjects import INFLATE
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
 from ..store.lru import MEMORY
@@ -53,10 +54,11 @@ from .httpreq import (
     split_path,
     text_response,
 )
+from .memory import HeapTrimmer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .pool import WorkPool
-from .stream import PktSection, PktWriter, pump_pack
+from .stream import PktSection, PktWriter, cap_output, pump_pack
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
            "STATE_KEY"]
@@ -92,6 +94,7 @@ class ServerState:
     health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
     in_flight: int = 0  # git requests being served (the gauge, readable)
     admission: Admission | None = None  # slots for pack generation (admission.py)
+    trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -109,6 +112,7 @@ class ServerState:
         )
         state.metrics.open_files.source = state.registry
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
+        INFLATE.limit = cfg.inflate_memory  # large objects held whole, together
         state.metrics.caches.budget = MEMORY
         state.admission = Admission(
             AdmissionLimits(cfg.max_packs, cfg.max_packs_per_repo, cfg.pack_queue,
@@ -449,6 +453,7 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
         if request.path in PROBE_PATHS and state.health is not None:
             return await state.health.respond(request)  # not a git request: not counted
         rec = RequestRecord(agent=request.headers.get("User-Agent", "")[:100])
+        cap_output(request.transport, state.cfg.output_buffer)
         state.metrics.in_flight.inc()
         state.in_flight += 1
         resp: web.StreamResponse | None = None
@@ -465,6 +470,8 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             _finish(state, rec, resp, status)
             if rec.context is not None:
                 rec.context.close()  # leases end once the pool is done with it too
+            if not state.in_flight:
+                state.trimmer.schedule(lambda: _trim_heap(state))
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_startup.append(lambda _app: _start_sweeper(state))
@@ -478,6 +485,16 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
 def metrics_response(state: ServerState) -> web.Response:
     body = state.metrics.scrape()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _trim_heap(state: ServerState) -> None:
+    """No request in flight for a while: give the heaps' free pages back (memory.py)."""
+    if state.in_flight:
+        return
+    try:
+        state.pool.submit(state.trimmer.trim)
+    except RuntimeError:  # the pool is shut down
+        pass
 
 
 def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | None,
