@@ -8,8 +8,9 @@ commits then one adding a 24 MB random (incompressible) blob, in three shapes:
   the blob's entry from the pack);
 * ``blob-loose.git``: the same objects, the blob as a loose object (inflated and deflated
   again on the way out);
-* ``blob-deep.git``: the blob stored as a delta (a 24 MB blob and a variant of it), so a
-  fetch of only the variant must inflate a delta chain.
+* ``blob-deep.git``: a 24 MB blob, then a 23 MB variant of it stored as a delta against
+  it: a fetch of the variant by a client without the blob (no thin pack) must resolve it
+  and send it whole.
 
 Cases (each against a fresh server; the RSS of the server process is sampled every 20 ms):
 
@@ -77,7 +78,8 @@ def build(work: Path) -> dict[str, tuple[str, str]]:
         return out
     rnd = random.Random(13)
     blob = rnd.randbytes(BLOB_BYTES)
-    variant = bytearray(blob)
+    # Shorter than blob, so that git keeps blob whole and stores variant as a delta on it.
+    variant = bytearray(blob[: BLOB_BYTES - (1 << 20)])
     for _ in range(64):  # a few scattered edits: a small delta against blob
         at = rnd.randrange(len(variant) - 8)
         variant[at:at + 8] = rnd.randbytes(8)

@@ -46,10 +46,10 @@ class Overloaded(Exception):
 class AdmissionLimits:
     """0 turns ``max_packs`` or ``per_repo`` off; ``queue`` 0 means no waiting at all."""
 
-    max_packs: int = 16
-    per_repo: int = 8
-    queue: int = 128
-    max_wait: float = 30.0
+    max_packs: int = 32
+    per_repo: int = 16
+    queue: int = 256
+    max_wait: float = 60.0
     retry_after: int = 10
 
 

@@ -133,20 +133,20 @@ class Config:
 
     # Admission control (server/app/admission.py; docs/ARCHITECTURE.md "Admission control").
     max_packs: int = field(
-        default=16,
+        default=32,
         metadata={"help": "packs generated at once over all repositories; more wait in the "
                           "queue (0: no limit)"},
     )
     max_packs_per_repo: int = field(
-        default=8, metadata={"help": "packs generated at once for one repository (0: no limit)"},
+        default=16, metadata={"help": "packs generated at once for one repository (0: no limit)"},
     )
     pack_queue: int = field(
-        default=128,
+        default=256,
         metadata={"help": "pack requests that may wait for a slot; one more is answered 503 "
                           "(0: none waits)"},
     )
     pack_queue_wait: float = field(
-        default=30.0,
+        default=60.0,
         metadata={"help": "seconds a pack request may wait for a slot before it is "
                           "answered 503"},
     )

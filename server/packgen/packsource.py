@@ -427,7 +427,7 @@ class ReusePackSource:
         """A large packed delta resolved whole (within the budget), deflated to a
         temporary file; the budget is free again before the first piece goes out."""
         with tempfile.TemporaryFile(prefix="gitspout-") as spill:
-            with INFLATE.hold(size):
+            with INFLATE.hold(2 * size):  # the object and its delta base
                 type_num, data = self.odb.read(oid)
                 z = zlib.compressobj(self.compression)
                 view = memoryview(data)
