@@ -61,7 +61,8 @@ class RootCheck:
         remaining = started + self.timeout - now
         if remaining > 0:
             try:
-                await asyncio.wait_for(asyncio.wrap_future(running), remaining)
+                # shield: a timed-out wait must not cancel the check (wrap_future would)
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(running)), remaining)
             except TimeoutError:
                 pass
         if not running.done():
@@ -85,7 +86,8 @@ class RootCheck:
             self._error = error
             self._done_at = time.monotonic()
             self._running = None
-        fut.set_result(None)
+        if not fut.done():
+            fut.set_result(None)
 
 
 class Health:
