@@ -407,13 +407,18 @@ class ReusePackSource:
         """A loose object: returns (type, content) when small, to be written as any other
         object; a large one is written here, deflated piece by piece as it is inflated,
         and None comes back as its content."""
+        hit = self.odb.cached_loose(oid)
+        if hit is not None:
+            return hit
         pieces = iter_loose(self.odb.fs, path, oid)
         try:
             type_num, size = next(pieces)  # type: ignore[misc]
         except FileNotFoundError:  # packed away meanwhile: read it from where it is now
             return self.odb.read(oid)
         if size <= LARGE_OBJECT:
-            return type_num, b"".join(pieces)  # type: ignore[arg-type]
+            data = b"".join(pieces)  # type: ignore[arg-type]
+            self.odb.keep_loose(oid, type_num, data)
+            return type_num, data
         out.write(encode_entry_header(type_num, size))
         z = zlib.compressobj(self.compression)
         for piece in pieces:

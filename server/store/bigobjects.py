@@ -60,6 +60,7 @@ def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | b
     of at most :data:`PIECE` bytes. Raises FileNotFoundError before the first item if the
     file is gone (packed away meanwhile), StorageError if it is corrupt."""
     fs.note("open")
+    fs.note("read")  # counted once per file, as FsOps.read_file does
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         d = zlib.decompressobj()
@@ -67,7 +68,7 @@ def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | b
         pending = b""
         while b"\0" not in head:
             if not pending:
-                pending = _read(fs, fd)
+                pending = os.read(fd, _READ)
                 if not pending:
                     raise _corrupt(oid, "truncated")
             head += _inflate(d, pending[:4096], 64, oid)
@@ -86,7 +87,7 @@ def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | b
             yield first
         while not d.eof:
             if not pending:
-                pending = _read(fs, fd)
+                pending = os.read(fd, _READ)
                 if not pending:
                     raise _corrupt(oid, "truncated")
             piece = _inflate(d, pending, PIECE, oid)
@@ -100,11 +101,6 @@ def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | b
             raise _corrupt(oid, "shorter than its header says")
     finally:
         os.close(fd)
-
-
-def _read(fs: FsOps, fd: int) -> bytes:
-    fs.note("read")
-    return os.read(fd, _READ)
 
 
 def _inflate(d: zlib._Decompress, data: bytes, limit: int, oid: bytes) -> bytes:
