@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,9 @@ __all__ = ["fix_mmap_threshold", "HeapTrimmer"]
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 128 << 10  # pack pieces (256 KiB) and large objects get maps of their own
 TRIM_DELAY = 1.0
+# Only when the RSS grew by this much since the last trim: a full collection of a server
+# holding millions of objects (a 1M-ref repository) takes a while, with the GIL held.
+TRIM_OVER = 32 << 20
 
 
 def _libc() -> Any:
@@ -48,6 +52,7 @@ class HeapTrimmer:
     def __init__(self) -> None:
         self._libc = _libc()
         self._timer: asyncio.TimerHandle | None = None
+        self._floor = 0  # RSS after the last trim
         self.trims = 0
 
     def schedule(self, then: Callable[[], None]) -> None:
@@ -60,7 +65,18 @@ class HeapTrimmer:
 
     def trim(self) -> None:
         """Blocking (it walks the objects and the heaps): run it in the pool."""
+        if _rss() - self._floor < TRIM_OVER:
+            return
         gc.collect()
         if self._libc is not None:
             self._libc.malloc_trim(0)
         self.trims += 1
+        self._floor = _rss()
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 1 << 62  # unknown: trim
