@@ -10,6 +10,7 @@ import logging
 import resource
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
 from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
+from .memory import fix_mmap_threshold
 
 __all__ = ["main", "serve"]
 
@@ -46,8 +48,10 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM."""
     install_log_filter()
     state = ServerState.create(cfg)
+    # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that is
+    # the drain (docs/ARCHITECTURE.md "Drain and health").
     runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics), access_log=None,
-                           **RUNNER_KWARGS)
+                           shutdown_timeout=cfg.drain_timeout, **RUNNER_KWARGS)
     await runner.setup()
     limits = ConnectionLimits.from_config(cfg)
     guard = ConnectionGuard(limits, state.metrics.connections)
@@ -74,10 +78,23 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
-        for listener in listeners:
-            listener.close()  # stop accepting; runner.cleanup() closes the connections
-        for r in runners:
-            await r.cleanup()
+        await _drain(state, listeners, runners, cfg.drain_timeout)
+
+
+async def _drain(state: ServerState, listeners: list[asyncio.Server],
+                 runners: list[web.AppRunner], timeout: float) -> None:
+    """Readiness fails at once, new connections are refused, idle ones closed; requests in
+    flight finish, for up to ``timeout`` seconds, before the pool is shut down."""
+    if state.health is not None:
+        state.health.draining = True
+    for listener in listeners:
+        listener.close()  # stop accepting: a new connection is refused from now on
+    busy = state.in_flight
+    log.info("draining: %d requests in flight, up to %.0f s (drain-timeout)", busy, timeout)
+    start = time.monotonic()
+    for r in runners:
+        await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
+    log.info("drained in %.1f s", time.monotonic() - start)
 
 
 async def _metrics_site(state: ServerState, cfg: Config,
@@ -139,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(message)s")
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)
     uvloop.run(serve(cfg))
     return 0

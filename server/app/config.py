@@ -132,6 +132,59 @@ class Config:
                           "identical one (one-off fetches then never touch the disk)"},
     )
 
+    output_buffer: int = field(
+        default=256 << 10,
+        metadata={"help": "bytes queued for one connection's socket before the pack "
+                          "producer waits for the client (per-connection output cap); "
+                          "suffixes KiB, MiB accepted", "size": True},
+    )
+    inflate_memory: int = field(
+        default=128 << 20,
+        metadata={"help": "bytes of large objects held whole at once over all requests "
+                          "(a delta resolved to be sent whole); requests needing more wait; "
+                          "suffixes KiB, MiB, GiB accepted", "size": True},
+    )
+
+    # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
+    drain_timeout: float = field(
+        default=30.0,
+        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish "
+                          "(new connections are refused at once); then they are cut and "
+                          "the process exits 0"},
+    )
+    ready_check_interval: float = field(
+        default=2.0,
+        metadata={"help": "seconds a /readyz check of the repository root is reused"},
+    )
+    ready_check_timeout: float = field(
+        default=1.0,
+        metadata={"help": "seconds a /readyz check of the repository root may take before "
+                          "/readyz answers 503 (a hung mount)"},
+    )
+
+    # Admission control (server/app/admission.py; docs/ARCHITECTURE.md "Admission control").
+    max_packs: int = field(
+        default=32,
+        metadata={"help": "packs generated at once over all repositories; more wait in the "
+                          "queue (0: no limit)"},
+    )
+    max_packs_per_repo: int = field(
+        default=16, metadata={"help": "packs generated at once for one repository (0: no limit)"},
+    )
+    pack_queue: int = field(
+        default=256,
+        metadata={"help": "pack requests that may wait for a slot; one more is answered 503 "
+                          "(0: none waits)"},
+    )
+    pack_queue_wait: float = field(
+        default=60.0,
+        metadata={"help": "seconds a pack request may wait for a slot before it is "
+                          "answered 503"},
+    )
+    retry_after: int = field(
+        default=10, metadata={"help": "Retry-After seconds of a 503 for load"},
+    )
+
     def root_path(self) -> Path:
         return Path(self.root).resolve()
 
@@ -247,6 +300,19 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("cache_memory must be 0 or more bytes")
     if not math.isfinite(cfg.sweep_interval) or cfg.sweep_interval < 0:
         raise ConfigError("sweep_interval must be a number of seconds, 0 or more (0 turns it off)")
+    for name in ("drain_timeout", "ready_check_interval", "ready_check_timeout"):
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a number of seconds, 0 or more")
+    for name in ("max_packs", "max_packs_per_repo", "pack_queue", "retry_after"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be 0 or more")
+    if not math.isfinite(cfg.pack_queue_wait) or cfg.pack_queue_wait <= 0:
+        raise ConfigError("pack_queue_wait must be a number of seconds above 0")
+    if cfg.output_buffer < 4096:
+        raise ConfigError("output_buffer must be at least 4096 bytes")
+    if cfg.inflate_memory < 0:
+        raise ConfigError("inflate_memory must be 0 or more bytes")
     if cfg.max_connections < 0:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -8,6 +8,7 @@ are taken before ``prepare()`` sends the 200; after that, errors go in-band.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -30,15 +31,18 @@ from ..core import answers
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan, plan_fetch
 from ..packgen.packplan import iter_pack
+from ..store.bigobjects import INFLATE
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
 from ..store.lru import MEMORY
 from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
+from .admission import Admission, AdmissionLimits, Overloaded
 from .auth import Access, AuthDenied, load_access, repo_name
 from .config import Config
 from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
+from .health import PROBE_PATHS, Health, RootCheck
 from .httpreq import (
     NO_CACHE,
     RECEIVE_PACK,
@@ -51,11 +55,12 @@ from .httpreq import (
     split_path,
     text_response,
 )
+from .memory import HeapTrimmer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
 from .packcache import PackCache, PackCacheCollector, send_pack_cached
 from .pool import WorkPool
-from .stream import PktSection, PktWriter
+from .stream import PktSection, PktWriter, cap_output
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
            "STATE_KEY"]
@@ -90,6 +95,10 @@ class ServerState:
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
     access: Access | None = None  # --auth-file (auth.py); None: anonymous read
     pack_cache: PackCache | None = None  # --pack-cache-size 0: none
+    health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
+    in_flight: int = 0  # git requests being served (the gauge, readable)
+    admission: Admission | None = None  # slots for pack generation (admission.py)
+    trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -109,11 +118,16 @@ class ServerState:
         if cfg.auth_file:
             state.access = load_access(cfg.auth_file)
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
+        INFLATE.limit = cfg.inflate_memory  # large objects held whole, together
         state.metrics.caches.budget = MEMORY
         if cfg.pack_cache_size > 0:
             state.pack_cache = PackCache(cfg.pack_cache_dir, cfg.pack_cache_size,
                                          cfg.pack_cache_ttl, cfg.pack_cache_on)
             state.metrics.registry.register(PackCacheCollector(state.pack_cache))
+        state.admission = Admission(
+            AdmissionLimits(cfg.max_packs, cfg.max_packs_per_repo, cfg.pack_queue,
+                            cfg.pack_queue_wait, cfg.retry_after), state.metrics.registry)
+        state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
     async def run_bounded(self, fn: Callable[..., T], *args: Any) -> T:
@@ -150,6 +164,14 @@ class ServerState:
                 await asyncio.get_running_loop().run_in_executor(self.pool, self.registry.sweep)
             except RuntimeError:  # the pool is shutting down
                 return
+
+    def pack_slot(self, ctx: RequestContext,
+                  framed: _Framed) -> contextlib.AbstractAsyncContextManager[None]:
+        """A slot for the pack of this response (admission.py), if it sends one: taken
+        before the 200, or :class:`Overloaded` (503) is raised."""
+        if not framed.pack or self.admission is None:
+            return contextlib.nullcontext()
+        return self.admission.slot(ctx.repo.url_path)
 
     def executor_for(self, ctx: RequestContext) -> Executor:
         """The pool, as seen by work for ``ctx`` (pack streaming): each job holds ctx."""
@@ -282,11 +304,12 @@ async def _serve_v0(state: ServerState, request: web.Request, ctx: RequestContex
         plan, framed = await state.run(_plan_v0, ctx, req)
     else:
         plan, framed = None, _Framed.of(iter_v0_fetch_response(None))
-    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, req.sideband, record=rec)
-    rec.negotiation_round = plan is not None and not plan.send_pack
-    await _write_fetch(state, ctx, writer, plan, framed)
-    await resp.write_eof()
+    async with state.pack_slot(ctx, framed):
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        writer = PktWriter(resp, req.sideband, record=rec)
+        rec.negotiation_round = plan is not None and not plan.send_pack
+        await _write_fetch(state, ctx, writer, plan, framed)
+        await resp.write_eof()
     return resp
 
 
@@ -407,11 +430,12 @@ def _note_request(rec: RequestRecord, req: FetchRequest) -> None:
 async def _serve_v2_fetch(state: ServerState, request: web.Request, ctx: RequestContext,
                           req: FetchRequest, rec: RequestRecord) -> web.StreamResponse:
     plan, framed = await state.run(_plan_v2, ctx, req)
-    resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
-    writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
-    rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
-    await _write_fetch(state, ctx, writer, plan, framed)
-    await resp.write_eof()
+    async with state.pack_slot(ctx, framed):
+        resp = await _start(request, f"application/x-{UPLOAD_PACK}-result")
+        writer = PktWriter(resp, Sideband.LARGE, sideband_all=req.sideband_all, record=rec)
+        rec.negotiation_round = plan.v2 is not None and not plan.v2.send_pack
+        await _write_fetch(state, ctx, writer, plan, framed)
+        await resp.write_eof()
     return resp
 
 
@@ -436,8 +460,12 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         if request.path == "/metrics" and metrics_route:
             return metrics_response(state)
+        if request.path in PROBE_PATHS and state.health is not None:
+            return await state.health.respond(request)  # not a git request: not counted
         rec = RequestRecord(agent=request.headers.get("User-Agent", "")[:100])
+        cap_output(request.transport, state.cfg.output_buffer)
         state.metrics.in_flight.inc()
+        state.in_flight += 1
         resp: web.StreamResponse | None = None
         status = 500  # a bug escaped the handler: aiohttp answers 500
         try:
@@ -448,19 +476,35 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             raise
         finally:
             state.metrics.in_flight.dec()
+            state.in_flight -= 1
             _finish(state, rec, resp, status)
             if rec.context is not None:
                 rec.context.close()  # leases end once the pool is done with it too
+            if not state.in_flight:
+                state.trimmer.schedule(lambda: _trim_heap(state))
 
     app.router.add_route("*", "/{tail:.*}", dispatch)
     app.on_startup.append(lambda _app: _start_sweeper(state))
-    app.on_shutdown.append(lambda _app: _shutdown(state))
+    app.on_shutdown.append(lambda _app: _stop_sweeper(state))
+    # The pool goes last, once aiohttp has let the handlers finish (or cut them at
+    # --drain-timeout): on_cleanup runs after that, on_shutdown before it.
+    app.on_cleanup.append(lambda _app: _close_pool(state))
     return app
 
 
 def metrics_response(state: ServerState) -> web.Response:
     body = state.metrics.scrape()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+def _trim_heap(state: ServerState) -> None:
+    """No request in flight for a while: give the heaps' free pages back (memory.py)."""
+    if state.in_flight:
+        return
+    try:
+        state.pool.submit(state.trimmer.trim)
+    except RuntimeError:  # the pool is shut down
+        pass
 
 
 def _finish(state: ServerState, rec: RequestRecord, resp: web.StreamResponse | None,
@@ -504,6 +548,10 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # aiohttp treats a premature disconnection (no 500, no traceback).
         log.debug("client went away: %s %s", request.method, request.path)
         raise asyncio.CancelledError() from None
+    except Overloaded as exc:  # load, not a fault: 503 before any pack byte (admission.py)
+        resp = text_response(503, exc.text)
+        resp.headers["Retry-After"] = str(exc.retry_after)
+        return resp
     except Exception as exc:  # before the 200: the one mapping (errors.py) decides
         answer = answer_for(exc, repo_path)
         if answer is None:
@@ -551,9 +599,12 @@ async def _start_sweeper(state: ServerState) -> None:
         state.sweeper = asyncio.get_running_loop().create_task(state.sweep_forever())
 
 
-async def _shutdown(state: ServerState) -> None:
+async def _stop_sweeper(state: ServerState) -> None:
     if state.sweeper is not None:
         state.sweeper.cancel()
+
+
+async def _close_pool(state: ServerState) -> None:
     state.pool.shutdown(wait=False, cancel_futures=True)
     if state.pack_cache is not None:
         state.pack_cache.close()

@@ -29,12 +29,16 @@ from gitspout.protocol.sideband import (
 
 from ..core.stats import Progress
 
-__all__ = ["PktWriter", "PktSection", "pump_pack"]
+__all__ = ["PktWriter", "PktSection", "pump_pack", "cap_output"]
 
 _END = object()
 # PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
 # data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
 YIELD_EVERY = 1 << 20
+# Pack data is framed and written in slices of at most this many bytes, so that a large
+# item from the producer never sits in the transport whole (docs/ARCHITECTURE.md
+# "Memory caps").
+WRITE_SLICE = 64 << 10
 
 
 class PktSection:
@@ -177,8 +181,12 @@ class PktWriter:
         await self._maybe(self.buf.add_raw(encode_band(band, data, self._band_max)))
 
     async def pack_data(self, data: bytes) -> None:
-        await self.band(BAND_DATA, data)
+        """Pack bytes on band 1, framed and written a slice at a time."""
         await self.drain()
+        view = memoryview(data)
+        for at in range(0, len(view), WRITE_SLICE):
+            await self.band(BAND_DATA, view[at:at + WRITE_SLICE])  # type: ignore[arg-type]
+            await self.drain()
 
     async def progress(self, text: bytes) -> None:
         if self.sideband is not Sideband.NONE:
@@ -197,6 +205,15 @@ class PktWriter:
         if self.sideband is not Sideband.NONE:
             await self._maybe(self.buf.add_raw(encode_keepalive()))
             await self.drain()
+
+
+def cap_output(transport: asyncio.BaseTransport | None, limit: int) -> None:
+    """At most about ``limit`` bytes queued for one connection's socket: past it aiohttp's
+    ``write`` waits until the client has taken most of them (it drains while the transport
+    is paused). The per-connection output cap, and the backpressure that keeps the pack
+    producer from running ahead of a slow reader (I3, "Memory caps")."""
+    if isinstance(transport, asyncio.WriteTransport) and limit > 0:
+        transport.set_write_buffer_limits(high=limit)
 
 
 async def pump_pack(
@@ -242,8 +259,12 @@ def _close_when_done(fut: asyncio.Future[Any], it: Iterator[Any], executor: Exec
         return
 
     def _after(_: object) -> None:
-        if not loop.is_closed():
+        if loop.is_closed():
+            return
+        try:
             loop.run_in_executor(executor, close)
+        except RuntimeError:  # the pool is shut down (a request cut at --drain-timeout)
+            close()
 
     if fut.done():
         _after(fut)

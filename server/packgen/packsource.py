@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dulwich.pack import create_delta
 
 from ..core.stats import PackStats, Progress
+from ..store.bigobjects import INFLATE, LARGE_OBJECT, PIECE, iter_loose
 from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packs import PackFile, encode_entry_header
@@ -45,8 +47,29 @@ __all__ = [
     "ThinCheck",
 ]
 
-CHUNK = 512 << 10  # pack bytes handed to the writer per step
-READ_WINDOW = 4 << 20  # bytes read from a pack file per pread when copying runs
+# Pack bytes handed to the writer per step, and read from a pack file per pread: what one
+# request holds between steps is a few of these, whatever the object sizes
+# (docs/ARCHITECTURE.md "Memory caps").
+CHUNK = 256 << 10
+READ_WINDOW = CHUNK
+
+
+class _EntryBody:
+    """The compressed bytes of one pack entry, copied out a window at a time."""
+
+    def __init__(self, pack: PackFile, start: int, end: int) -> None:
+        self.pack, self.start, self.end = pack, start, end
+
+    def copy(self, out: _Out) -> Iterator[None]:
+        pos = self.start
+        while pos < self.end:
+            data = self.pack.read_raw(pos, min(self.end, pos + READ_WINDOW))
+            if not data:
+                raise self.pack.corrupt("file ended early")
+            out.write(data)
+            pos += len(data)
+            if out.ready:
+                yield None
 
 
 class PackSource(Protocol):
@@ -246,8 +269,8 @@ class ReusePackSource:
             self._done.append(plan)
         self._regen = {}
         for oid in self.selection.loose:
-            self._write_whole(oid, out)
-            yield from out.drain()
+            for _ in self._write_whole(oid, out):
+                yield from out.drain()
         yield from out.drain(force=True)
         trailer = out.hash.digest()
         self.stats.size = out.offset + len(trailer)
@@ -257,8 +280,9 @@ class ReusePackSource:
     # -- copying ---------------------------------------------------------------
 
     def _copy_pack(self, plan: PackPlan, out: _Out) -> Iterator[None]:
-        """Copy each run of consecutive selected entries; yield after each run. When
-        every delta's base comes along, by the plan's precomputed layout instead."""
+        """Copy each run of consecutive selected entries; yield after each run and after
+        every :data:`READ_WINDOW` bytes of one. When every delta's base comes along, by
+        the plan's precomputed layout instead."""
         if self.ofs_delta:
             # Entries whose base is not sent are written whole by the layout only when no
             # better base exists: a thin pack refers to the client's, hints give new deltas.
@@ -281,10 +305,10 @@ class ReusePackSource:
             for rank in range(first, stop):
                 if bases[rank] >= sub:
                     continue  # a whole object, or a delta against an entry of this run
-                self._copy_run(plan, sub, rank, out)
-                self._copy_one(plan, rank, out)
+                yield from self._copy_run(plan, sub, rank, out)
+                yield from self._copy_one(plan, rank, out)
                 sub = rank + 1
-            self._copy_run(plan, sub, stop, out)
+            yield from self._copy_run(plan, sub, stop, out)
             yield None
 
     def _copy_layout(self, plan: PackPlan, layout: Layout, out: _Out) -> Iterator[None]:
@@ -299,7 +323,7 @@ class ReusePackSource:
             if stops[k] - first > READ_WINDOW:  # one large entry: in pieces
                 if lit_at[k + 1] > lit_at[k]:
                     out.write(lits[lit_at[k] : lit_at[k + 1]])
-                self._copy_range(pack, first, stops[k], out)
+                yield from self._copy_range(pack, first, stops[k], out)
                 k += 1
                 yield None
                 continue
@@ -326,15 +350,18 @@ class ReusePackSource:
         stats.deltas += layout.deltas
 
     @staticmethod
-    def _copy_range(pack: PackFile, pos: int, end: int, out: _Out) -> None:
+    def _copy_range(pack: PackFile, pos: int, end: int, out: _Out) -> Iterator[None]:
+        """One large entry, a window at a time (docs/ARCHITECTURE.md "Memory caps")."""
         while pos < end:
             data = pack.read_raw(pos, min(end, pos + READ_WINDOW))
             if not data:
                 raise pack.corrupt("file ended early")
             out.write_large(data)
             pos += len(data)
+            if out.ready:
+                yield None
 
-    def _copy_run(self, plan: PackPlan, first: int, stop: int, out: _Out) -> None:
+    def _copy_run(self, plan: PackPlan, first: int, stop: int, out: _Out) -> Iterator[None]:
         if first >= stop:
             return
         pack = plan.pack
@@ -356,15 +383,16 @@ class ReusePackSource:
             else:
                 out.write(data)
             pos += len(data)
+            if out.ready:
+                yield None
 
-    def _copy_one(self, plan: PackPlan, rank: int, out: _Out) -> None:
+    def _copy_one(self, plan: PackPlan, rank: int, out: _Out) -> Iterator[None]:
         """An entry whose bytes change: a moved OFS_DELTA base, or a REF_DELTA."""
         pack = plan.pack
         offs = pack.sorted_offsets
         start = offs[rank]
-        raw = memoryview(pack.read_raw(start, offs[rank + 1]))
-        hdr = pack.parse_header(bytes(raw[:64]), start)
-        body = raw[hdr.data_offset - start :]
+        hdr = pack.parse_header(pack.read_raw(start, min(start + 64, offs[rank + 1])), start)
+        body = _EntryBody(pack, hdr.data_offset, offs[rank + 1])
         if hdr.type_num == OFS_DELTA:
             base_rank = (plan.bases if plan.bases is not None else pack.base_ranks())[rank]
             base_oid = pack.oid_at(pack.pack_order[base_rank])
@@ -376,7 +404,8 @@ class ReusePackSource:
         plan.single[rank] = out.offset
         before = out.offset
         if base_at is not None:
-            self._emit_delta(out, hdr.size, base_at, base_oid, body)
+            self._emit_delta(out, hdr.size, base_at, base_oid)
+            yield from body.copy(out)
             self.stats.reused_bytes += out.offset - before
         elif (rank < base_rank and plan.selected[base_rank]) or (
             self.thin is not None and self.thin(pack, base_rank, base_oid)
@@ -384,12 +413,12 @@ class ReusePackSource:
             # A base this pack sends further on (index-pack --fix-thin appends bases), or
             # one the client has (thin pack): REF_DELTA, which can never form a cycle.
             out.write(encode_entry_header(REF_DELTA, hdr.size, base_oid))
-            out.write(body)
+            yield from body.copy(out)
             self._count_delta()
             self.stats.reused_bytes += out.offset - before
         else:
             del plan.single[rank]
-            self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan, rank)
+            yield from self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan, rank)
 
     def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes, rank: int) -> int | None:
         if 0 <= base_rank < rank and plan.selected[base_rank]:
@@ -401,13 +430,12 @@ class ReusePackSource:
             # Giving up here made every delta below such a base be regenerated in turn.
         return self._find_written(oid)
 
-    def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes,
-                    body: memoryview) -> None:
+    def _emit_delta(self, out: _Out, size: int, base_at: int, base_oid: bytes) -> None:
+        """The header of a reused delta (its body follows)."""
         if self.ofs_delta:
             out.write(encode_entry_header(OFS_DELTA, size, out.offset - base_at))
         else:
             out.write(encode_entry_header(REF_DELTA, size, base_oid))
-        out.write(body)
         self._count_delta()
 
     def _count_delta(self) -> None:
@@ -416,20 +444,77 @@ class ReusePackSource:
         self.stats.deltas += 1
 
     def _write_whole(self, oid: bytes, out: _Out, plan: PackPlan | None = None,
-                     rank: int = -1) -> None:
+                     rank: int = -1) -> Iterator[None]:
         """Write an object nothing could be reused for: as a new delta against the object
         at the same path in the parent commit when that base is sent too or the client has
         it (a thin pack), else whole. ``plan``/``rank`` say where it sits when it is an
-        entry of the pack being copied."""
-        type_num, data = self.odb.read(oid)
+        entry of the pack being copied. Objects over :data:`LARGE_OBJECT` go whole and in
+        pieces: a loose one inflated and deflated as it is read, a packed delta resolved
+        under the ``--inflate-memory`` budget and deflated to a temporary file that is then
+        copied out (so nothing of it waits in memory for a slow client)."""
         start = self._written[oid] = out.offset
         self.stats.generated += 1
         if plan is not None:
             self._regen[rank] = None
-        if not self._write_new_delta(oid, type_num, data, out, plan, rank):
+        loc = self.odb.locate(oid, needed=True)
+        type_num, data = 0, None
+        size = self.odb.packed_size(loc.pack, loc.offset)[1] \
+            if isinstance(loc, PackedLocation) else 0
+        if isinstance(loc, str):
+            type_num, data = yield from self._write_loose(oid, loc, out)
+        elif size > LARGE_OBJECT:
+            yield from self._write_spilled(oid, size, out)
+        else:
+            type_num, data = self.odb.read(oid)
+        if data is not None and not self._write_new_delta(oid, type_num, data, out, plan, rank):
             out.write(encode_entry_header(type_num, len(data)))
             out.write(zlib.compress(data, self.compression))
         self.stats.generated_bytes += out.offset - start
+
+    def _write_loose(self, oid: bytes, path: str,
+                     out: _Out) -> Generator[None, None, tuple[int, bytes | None]]:
+        """A loose object: returns (type, content) when small, to be written as any other
+        object; a large one is written here, deflated piece by piece as it is inflated,
+        and None comes back as its content."""
+        hit = self.odb.cached_loose(oid)
+        if hit is not None:
+            return hit
+        pieces = iter_loose(self.odb.fs, path, oid)
+        try:
+            type_num, size = next(pieces)  # type: ignore[misc]
+        except FileNotFoundError:  # packed away meanwhile: read it from where it is now
+            return self.odb.read(oid)
+        if size <= LARGE_OBJECT:
+            data = b"".join(pieces)  # type: ignore[arg-type]
+            self.odb.keep_loose(oid, type_num, data)
+            return type_num, data
+        out.write(encode_entry_header(type_num, size))
+        z = zlib.compressobj(self.compression)
+        for piece in pieces:
+            out.write(z.compress(piece))  # type: ignore[arg-type]
+            if out.ready:
+                yield None
+        out.write(z.flush())
+        return type_num, None
+
+    def _write_spilled(self, oid: bytes, size: int, out: _Out) -> Iterator[None]:
+        """A large packed delta resolved whole (within the budget), deflated to a
+        temporary file; the budget is free again before the first piece goes out."""
+        with tempfile.TemporaryFile(prefix="gitspout-") as spill:
+            with INFLATE.hold(2 * size):  # the object and its delta base
+                type_num, data = self.odb.read(oid)
+                z = zlib.compressobj(self.compression)
+                view = memoryview(data)
+                for at in range(0, len(view), PIECE):
+                    spill.write(z.compress(view[at:at + PIECE]))
+                spill.write(z.flush())
+                length = len(data)
+                del data, view
+            out.write(encode_entry_header(type_num, length))
+            spill.seek(0)
+            while piece := spill.read(CHUNK):
+                out.write_large(piece)
+                yield None
 
     def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out,
                          plan: PackPlan | None, rank: int) -> bool:

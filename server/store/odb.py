@@ -369,6 +369,14 @@ class ObjectSnapshot:
         cache.put(("loose", oid), (type_num, body), len(body))
         return type_num, body
 
+    def cached_loose(self, oid: bytes) -> tuple[int, bytes] | None:
+        """A loose object from the process-wide objects cache, if it is there."""
+        return self.registry.objects.get(("loose", oid))  # type: ignore[no-any-return]
+
+    def keep_loose(self, oid: bytes, type_num: int, data: bytes) -> None:
+        """Cache a loose object read elsewhere (store/bigobjects.py), as _read_loose does."""
+        self.registry.objects.put(("loose", oid), (type_num, data), len(data))
+
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
         """Read and resolve the entry at ``offset`` (following delta chains)."""
         cache = self.registry.objects

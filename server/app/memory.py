@@ -1,0 +1,82 @@
+"""Giving memory back to the system (docs/ARCHITECTURE.md "Memory caps").
+
+glibc's malloc serves a block over its mmap threshold with a map of its own, returned to
+the system when freed; smaller blocks come from heaps that keep freed memory. The
+threshold grows by itself (up to 32 MiB) after such a block is freed, so after one 24 MB
+blob every later one stayed in the heaps: 60 fetches of it left 1.5 GB behind. The
+threshold is fixed instead, and once no request has been in flight for
+:data:`TRIM_DELAY` seconds (what a finished request frees is freed by then: generators
+closed in the pool, connections closed), garbage in reference cycles is collected (a
+client that hung up leaves an exception whose traceback holds the frames of its pack
+writer, and with the raised thresholds of cli.py an idle server would not collect them)
+and the heaps' free pages are handed back (``malloc_trim``).
+Elsewhere than glibc both are no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import os
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["fix_mmap_threshold", "HeapTrimmer"]
+
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 << 10  # pack pieces (256 KiB) and large objects get maps of their own
+TRIM_DELAY = 1.0
+# Only when the RSS grew by this much since the last trim: a full collection of a server
+# holding millions of objects (a 1M-ref repository) takes a while, with the GIL held.
+TRIM_OVER = 32 << 20
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def fix_mmap_threshold() -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+class HeapTrimmer:
+    """Trims the heaps :data:`TRIM_DELAY` seconds after the server went idle."""
+
+    def __init__(self) -> None:
+        self._libc = _libc()
+        self._timer: asyncio.TimerHandle | None = None
+        self._floor = 0  # RSS after the last trim
+        self.trims = 0
+
+    def schedule(self, then: Callable[[], None]) -> None:
+        """Call ``then`` (which checks that the server is still idle and runs
+        :meth:`trim` in the pool) in :data:`TRIM_DELAY` seconds, unless already due."""
+        if (self._timer is not None and not self._timer.cancelled()
+                                  and self._timer.when() > asyncio.get_running_loop().time()):
+            return
+        self._timer = asyncio.get_running_loop().call_later(TRIM_DELAY, then)
+
+    def trim(self) -> None:
+        """Blocking (it walks the objects and the heaps): run it in the pool."""
+        if _rss() - self._floor < TRIM_OVER:
+            return
+        gc.collect()
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+        self.trims += 1
+        self._floor = _rss()
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 1 << 62  # unknown: trim

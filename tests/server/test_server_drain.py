@@ -1,0 +1,165 @@
+"""Graceful drain and health probes (docs/ARCHITECTURE.md "Drain and health").
+
+A clone in flight when SIGTERM arrives completes and is fsck-clean, a new connection after
+the signal is refused, and the process exits 0; ``/healthz`` and ``/readyz`` answer, are
+not counted as git requests, and ``/readyz`` fails while the root is unreadable.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from gitutil import Git, LiveServer, fsck, start_server
+from rawhttp import FLUSH, connect, pkt_lines, request
+
+TIMEOUT = 30
+
+
+class ThrottledProxy:
+    """127.0.0.1 TCP proxy to ``port`` that passes server bytes at about ``rate`` bytes/s
+    and counts them, so that a test knows a pack is half-way when it acts."""
+
+    def __init__(self, port: int, rate: int) -> None:
+        self.upstream = port
+        self.rate = rate
+        self.sent = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, fn: object, *args: object) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)  # type: ignore[arg-type]
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        self.listener.settimeout(TIMEOUT)
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream), timeout=TIMEOUT)
+            self._spawn(self._pipe, client, server, False)
+            self._spawn(self._pipe, server, client, True)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, throttle: bool) -> None:
+        src.settimeout(TIMEOUT)
+        try:
+            while True:
+                data = src.recv(32 << 10)
+                if not data:
+                    break
+                dst.sendall(data)
+                if throttle:
+                    self.sent += len(data)
+                    time.sleep(len(data) / self.rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _requests_total(port: int) -> float:
+    body = request(port, "GET", "/metrics").body.decode()
+    return sum(float(m.group(1)) for m in
+               re.finditer(r"^gitspout_requests_total\{[^}]*\} (\S+)$", body, re.M))
+
+
+def test_probes_answer_and_are_not_counted(server: LiveServer) -> None:
+    request(server.port, "GET", "/basic.git/info/refs?service=git-upload-pack")
+    before = _requests_total(server.port)
+    for _ in range(3):
+        health = request(server.port, "GET", "/healthz")
+        assert (health.status, health.body) == (200, b"ok\n")
+        ready = request(server.port, "GET", "/readyz")
+        assert (ready.status, ready.body) == (200, b"ready\n")
+    assert request(server.port, "HEAD", "/readyz").status == 200
+    assert request(server.port, "POST", "/readyz").status == 405
+    assert _requests_total(server.port) == before
+
+
+def test_readyz_fails_while_root_is_unreadable(tmp_path: Path, fixture_root: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    srv = start_server(root, extra_args=["--ready-check-interval", "0"])
+    try:
+        assert request(srv.port, "GET", "/readyz").status == 200
+        root.rename(tmp_path / "gone")
+        ready = request(srv.port, "GET", "/readyz")
+        assert ready.status == 503
+        assert b"repository root unreadable" in ready.body
+        assert str(tmp_path).encode() not in ready.body  # no file-system path
+        assert request(srv.port, "GET", "/healthz").status == 200  # still alive
+        (tmp_path / "gone").rename(root)
+        assert request(srv.port, "GET", "/readyz").status == 200
+    finally:
+        srv.stop()
+
+
+def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], git: Git,
+                                                  tmp_path: Path) -> None:
+    srv = start_server(big_root[0], extra_args=["--drain-timeout", "60"])
+    proxy = ThrottledProxy(srv.port, rate=6 << 20)  # the 16 MiB pack takes ~3 s
+    dest = tmp_path / "clone.git"
+    clone = subprocess.Popen(
+        ["git", "-c", "protocol.version=2", "clone", "-q", "--mirror",
+         f"http://127.0.0.1:{proxy.port}/big.git", str(dest)],
+        env={"HOME": str(git.home), "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while proxy.sent < (2 << 20) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proxy.sent >= 2 << 20, "the pack never started"
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.wait_for_line("draining: 1 requests in flight")
+        with pytest.raises(ConnectionRefusedError):
+            connect(srv.port, 5)
+        assert clone.poll() is None, "the clone ended before the signal could matter"
+        _out, err = clone.communicate(timeout=TIMEOUT)
+        assert clone.returncode == 0, err.decode(errors="replace")
+        assert srv.proc.wait(timeout=TIMEOUT) == 0
+    finally:
+        clone.kill()
+        proxy.close()
+        srv.stop()
+    fsck(git, dest)
+    assert git.out("--git-dir", str(dest), "rev-parse", "main").strip() == big_root[1]
+    assert not [line for line in srv.lines if "Traceback" in line or "internal error" in line]
+
+
+def test_drain_timeout_cuts_a_stalled_reader(big_root: tuple[Path, str]) -> None:
+    srv = start_server(big_root[0], extra_args=["--drain-timeout", "1"])
+    sock = connect(srv.port, 10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        body = pkt_lines(f"want {big_root[1]} side-band-64k") + FLUSH + pkt_lines("done")
+        sock.sendall(b"POST /big.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/x-git-upload-pack-request\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # then never read again
+        time.sleep(0.5)
+        start = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=TIMEOUT) == 0
+        assert time.monotonic() - start < 10
+    finally:
+        sock.close()
+        srv.stop()
+    assert not [line for line in srv.lines if "Traceback" in line]
