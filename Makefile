@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 
 .PHONY: serve test test-tiny-budgets test-min-deps lint bench clean
 
@@ -13,8 +14,15 @@ $(STAMP): pyproject.toml
 	-$(BIN)/pip install -q -e '.[nfs]'
 	touch $(STAMP)
 
-serve: $(STAMP)
-	$(BIN)/gitspout serve
+# Only what serving needs; PORT=8081 (or GITSPOUT_PORT, read by gitspout itself) picks the port.
+$(SERVE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
+	$(BIN)/gitspout serve $(if $(PORT),--port $(PORT))
 
 # mypy resolves gitspout.server / gitspout.protocol through symlinks to the two folders.
 TYPECHECK := .build/typecheck/gitspout

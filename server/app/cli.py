@@ -1,4 +1,4 @@
-"""The ``gitspout`` command: ``gitspout serve --root DIR [--host H] [--port P] [--config F]``."""
+"""The gitspout command: gitspout serve --root DIR [--host H] [--port P] [--config F]."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import getpass
 import logging
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from importlib import metadata
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -23,7 +26,11 @@ from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, 
 from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
 from .memory import fix_mmap_threshold
 
-__all__ = ["main", "serve"]
+__all__ = ["main", "serve", "StartupError"]
+
+
+class StartupError(Exception):
+    """The server cannot start (a port in use, an unknown host...): one line, no traceback."""
 
 log = logging.getLogger("gitspout")
 # Descriptors kept free of connections: pack files (one open descriptor per pack for the
@@ -56,7 +63,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     limits = ConnectionLimits.from_config(cfg)
     guard = ConnectionGuard(limits, state.metrics.connections)
     _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
-    listeners = [await listen(runner, guard, cfg.host, cfg.port, **HANDLER_KWARGS)]
+    listeners = [await _listen_or_explain(runner, guard, cfg.host, cfg.port, **HANDLER_KWARGS)]
     runners = [runner]
     port = listeners[0].sockets[0].getsockname()[1]
     if cfg.metrics_port:
@@ -108,7 +115,22 @@ async def _metrics_site(state: ServerState, cfg: Config,
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    return runner, await listen(runner, guard, cfg.host, cfg.metrics_port, access_log=None)
+    return runner, await _listen_or_explain(runner, guard, cfg.host, cfg.metrics_port,
+                                            access_log=None)
+
+
+async def _listen_or_explain(runner: web.BaseRunner, guard: ConnectionGuard, host: str,
+                             port: int, **kwargs: Any) -> asyncio.Server:
+    """listen(), with an address in use, an unknown host or an address this machine lacks
+    turned into a StartupError of one line."""
+    try:
+        return await listen(runner, guard, host, port, **kwargs)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if isinstance(exc, socket.gaierror):
+            reason = f"unknown host ({reason})"
+        await runner.cleanup()
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
 def _warn_if_cap_exceeds_fd_limit(cap: int) -> None:
@@ -122,7 +144,9 @@ def _warn_if_cap_exceeds_fd_limit(cap: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gitspout", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gitspout", description="A read-only Git smart-HTTP "
+                                     "upload-pack server.")
+    parser.add_argument("--version", action="version", version=f"gitspout {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="serve git-upload-pack over smart HTTP")
     add_config_arguments(serve_p)
@@ -143,6 +167,13 @@ def _hash_password() -> int:
     return 0
 
 
+def _version() -> str:
+    try:
+        return metadata.version("gitspout")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "hash-password":
@@ -158,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)
-    uvloop.run(serve(cfg))
+    try:
+        uvloop.run(serve(cfg))
+    except StartupError as exc:
+        print(f"gitspout: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

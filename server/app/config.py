@@ -214,6 +214,8 @@ def _coerce(name: str, value: Any) -> Any:
         if _FIELDS[name].metadata.get("size"):
             return parse_size(value)
         if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)  # TOML `port = 18305.9` is refused, not truncated
             return int(value)
         if kind == "float":
             return float(value)
@@ -235,7 +237,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per setting; unset flags stay ``None`` so env and file can fill them."""
     for f in fields(Config):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "") + f" (env GITSPOUT_{f.name.upper()})"
+        default = "none" if f.default in (None, "") else f.default
+        help_text = (f.metadata.get("help", "")
+                     + f" (default: {default}; env GITSPOUT_{f.name.upper()})")
         if f.type == "bool":
             parser.add_argument(flag, dest=f.name, default=None,
                                 action=argparse.BooleanOptionalAction, help=help_text)
@@ -251,6 +255,10 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    if "gitspout" in data and len(data) > 1:
+        others = ", ".join(sorted(k for k in data if k != "gitspout"))
+        raise ConfigError(f"config file {path}: keys both at the top level ({others}) and "
+                          "under [gitspout]; put them all in one place")
     table = data.get("gitspout", data)
     out: dict[str, Any] = {}
     for key, value in table.items():
@@ -286,6 +294,10 @@ def load_config(
 def _validate(cfg: Config) -> None:
     if not 0 <= cfg.port <= 65535:
         raise ConfigError(f"port {cfg.port} is out of range")
+    if not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"metrics_port {cfg.metrics_port} is out of range")
+    if not math.isfinite(cfg.keepalive) or cfg.keepalive <= 0:
+        raise ConfigError("keepalive must be a number of seconds above 0")
     if cfg.threads < 1:
         raise ConfigError("threads must be at least 1")
     for name in ("header_timeout", "body_timeout", "idle_timeout"):
