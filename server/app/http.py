@@ -196,7 +196,10 @@ class _Held:
             return executor.submit(fn, *args)
         ctx.hold()
         try:
-            fut = executor.submit(fn, *args)
+            if isinstance(executor, WorkPool):  # queued fairly, per repository (pool.py)
+                fut = executor.submit_for(ctx.repo.url_path, fn, *args)
+            else:
+                fut = executor.submit(fn, *args)
         except BaseException:
             ctx.unhold()
             raise

@@ -3,19 +3,28 @@
 Everything blocking goes through one :class:`WorkPool`: request decoding and planning
 (``ServerState.run``) and the producing of a pack step by step (``stream.pump_pack``, which
 takes it as its executor), so that the pool gauges of ``metrics.py`` see all of it.
+
+The queue is fair across repositories (docs/ARCHITECTURE.md "Fair queuing"): a job is
+submitted with a key (the repository of its request; ``None`` for work of no request), each
+key has its own FIFO queue, and a free thread takes the head of the next key in turn. A
+storm of clones of one repository therefore delays another repository's job by at most one
+job per thread, not by the whole burst queued ahead of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 __all__ = ["WorkPool"]
 
 T = TypeVar("T")
+
+_Job = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 class WorkPool(Executor):
@@ -23,27 +32,43 @@ class WorkPool(Executor):
     submitted and not finished (so ``pending - busy`` wait for a thread)."""
 
     def __init__(self, size: int, name: str = "gitspout") -> None:
-        self.size = size
+        self.size = max(1, size)
         self.busy = 0
         self.pending = 0
         self.threads = 0  # started so far
-        self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(size, thread_name_prefix=name,
-                                            initializer=self._thread_started)
+        self._name = name
+        self._idle = 0  # threads waiting for a job
+        self._waiting = 0  # jobs in the queues, not yet taken by a thread
+        self._cond = threading.Condition(threading.Lock())
+        # key -> its jobs, oldest first; the dict's order is the round-robin turn.
+        self._queues: OrderedDict[Hashable, deque[_Job]] = OrderedDict()
+        self._shut = False
+        self._workers: list[threading.Thread] = []
 
     @property
     def queued(self) -> int:
         return max(0, self.pending - self.busy)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        with self._lock:
+        return self.submit_for(None, fn, *args, **kwargs)
+
+    def submit_for(self, key: Hashable, fn: Callable[..., T], /, *args: Any,
+                   **kwargs: Any) -> Future[T]:
+        """``fn(*args, **kwargs)`` queued behind the earlier jobs of ``key`` only."""
+        future: Future[T] = Future()
+        with self._cond:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            queue = self._queues.get(key)
+            if queue is None:  # a key with nothing queued goes first: it waits only for
+                queue = self._queues[key] = deque()  # the jobs running now, not for
+                self._queues.move_to_end(key, last=False)  # the head of a busy key
+            queue.append((future, fn, args, kwargs))
             self.pending += 1
-        try:
-            future = self._executor.submit(self._run, fn, args, kwargs)
-        except BaseException:
-            with self._lock:
-                self.pending -= 1
-            raise
+            self._waiting += 1
+            if self._idle < self._waiting and self.threads < self.size:
+                self._start_thread()  # the idle threads have jobs enough already
+            self._cond.notify()
         future.add_done_callback(self._finished)  # also when cancelled before it ran
         return future
 
@@ -52,21 +77,75 @@ class WorkPool(Executor):
         return await asyncio.get_running_loop().run_in_executor(self, fn, *args)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+        """No new jobs; with ``cancel_futures`` the queued ones are cancelled, else the
+        threads finish them. Running jobs always finish (a thread cannot be stopped)."""
+        cancelled: list[Future[Any]] = []
+        with self._cond:
+            self._shut = True
+            if cancel_futures:
+                for queue in self._queues.values():
+                    cancelled += [job[0] for job in queue]
+                self._queues.clear()
+                self._waiting = 0
+            self._cond.notify_all()
+            workers = list(self._workers)
+        for future in cancelled:  # outside the lock: done callbacks take it
+            future.cancel()
+        if wait:
+            for thread in workers:
+                thread.join()
 
-    def _thread_started(self) -> None:
-        with self._lock:
-            self.threads += 1
+    def _start_thread(self) -> None:  # with the lock held
+        # Daemon threads: an interpreter exiting without shutdown() (a test's state) must not
+        # wait for idle threads; the server shuts the pool down on cleanup (http.py).
+        thread = threading.Thread(target=self._work, name=f"{self._name}_{self.threads}",
+                                  daemon=True)
+        self.threads += 1
+        self._workers.append(thread)
+        thread.start()
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        with self._lock:
+    def _next(self) -> _Job | None:
+        """The next job in round-robin order, or ``None`` once shut down and empty."""
+        with self._cond:
+            while not self._queues:
+                if self._shut:
+                    return None
+                self._idle += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._idle -= 1
+            key, queue = next(iter(self._queues.items()))
+            job = queue.popleft()
+            self._waiting -= 1
+            if queue:
+                self._queues.move_to_end(key)  # its next job after every other key's
+            else:
+                del self._queues[key]
+            return job
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            self._execute(*job)
+            del job  # not held while waiting for the next one
+
+    def _execute(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # cancelled while queued
+        with self._cond:
             self.busy += 1
         try:
-            return fn(*args, **kwargs)
-        finally:
-            with self._lock:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            with self._cond:
                 self.busy -= 1
+            future.set_exception(exc)
+        else:
+            with self._cond:
+                self.busy -= 1
+            future.set_result(result)
 
     def _finished(self, _future: Future[Any]) -> None:
-        with self._lock:
+        with self._cond:
             self.pending -= 1
