@@ -35,6 +35,10 @@ class Config:
     config: str | None = field(default=None, metadata={"help": "optional TOML config file"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     threads: int = field(default=8, metadata={"help": "size of the blocking-work thread pool"})
+    threads_per_repo: int = field(
+        default=1, metadata={"help": "pool threads one repository's work may use at once "
+                                     "(0: all of --threads)"}
+    )
     max_body: int = field(
         default=32 << 20, metadata={"help": "cap on a request body as sent (bytes)"}
     )
@@ -300,6 +304,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("keepalive must be a number of seconds above 0")
     if cfg.threads < 1:
         raise ConfigError("threads must be at least 1")
+    if cfg.threads_per_repo < 0:
+        raise ConfigError("threads_per_repo must be 0 or more")
     for name in ("header_timeout", "body_timeout", "idle_timeout"):
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:

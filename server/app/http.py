@@ -102,7 +102,7 @@ class ServerState:
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
-        pool = WorkPool(cfg.threads)
+        pool = WorkPool(cfg.threads, per_key=cfg.threads_per_repo)
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
         state = cls(

@@ -24,6 +24,7 @@ __all__ = ["WorkPool"]
 
 T = TypeVar("T")
 
+_NOTHING = object()  # no key may run a job now (``None`` is a key)
 _Job = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
@@ -31,8 +32,13 @@ class WorkPool(Executor):
     """``size`` threads; ``busy`` work items run in them now and ``pending`` ones are
     submitted and not finished (so ``pending - busy`` wait for a thread)."""
 
-    def __init__(self, size: int, name: str = "gitspout") -> None:
+    def __init__(self, size: int, name: str = "gitspout", per_key: int = 0) -> None:
         self.size = max(1, size)
+        # At most this many threads run one key's jobs at once (0: all of them). Pure-Python
+        # planning holds the GIL: 8 threads planning one storm's fetches leave the event
+        # loop and every other request 1/9 of the interpreter (docs/ARCHITECTURE.md).
+        self.per_key = per_key if per_key > 0 else self.size
+        self._running: dict[Hashable, int] = {}
         self.busy = 0
         self.pending = 0
         self.threads = 0  # started so far
@@ -104,30 +110,48 @@ class WorkPool(Executor):
         self._workers.append(thread)
         thread.start()
 
-    def _next(self) -> _Job | None:
-        """The next job in round-robin order, or ``None`` once shut down and empty."""
+    def _next(self) -> tuple[Hashable, _Job] | None:
+        """The next job in round-robin order among the keys under their thread limit, or
+        ``None`` once shut down and empty."""
         with self._cond:
-            while not self._queues:
-                if self._shut:
+            while (key := self._eligible()) is _NOTHING:
+                if self._shut and not self._queues:
                     return None
                 self._idle += 1
                 try:
                     self._cond.wait()
                 finally:
                     self._idle -= 1
-            key, queue = next(iter(self._queues.items()))
+            queue = self._queues[key]
             job = queue.popleft()
+            self._running[key] = self._running.get(key, 0) + 1
             self._waiting -= 1
             if queue:
                 self._queues.move_to_end(key)  # its next job after every other key's
             else:
                 del self._queues[key]
-            return job
+            return key, job
+
+    def _eligible(self) -> Hashable:  # with the lock held
+        for key in self._queues:
+            if self._running.get(key, 0) < self.per_key:
+                return key
+        return _NOTHING
 
     def _work(self) -> None:
-        while (job := self._next()) is not None:
-            self._execute(*job)
-            del job  # not held while waiting for the next one
+        while (picked := self._next()) is not None:
+            key, job = picked
+            try:
+                self._execute(*job)
+            finally:
+                with self._cond:
+                    left = self._running[key] - 1
+                    if left:
+                        self._running[key] = left
+                    else:
+                        del self._running[key]
+                    self._cond.notify()  # a job of this key may be takeable now
+            del picked, job  # not held while waiting for the next one
 
     def _execute(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:

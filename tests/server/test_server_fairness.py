@@ -87,3 +87,34 @@ def test_burst_on_one_repository_does_not_hold_back_another(fair_root: Path) -> 
         assert took < wall / 3, (took, alone, wall)
     finally:
         srv.stop()
+
+
+def _busy_during_burst(root: Path, tips: list[str], *args: str) -> float:
+    """The most pool threads busy at once while a burst of fetches of one repository runs."""
+    srv = start_server(root, extra_args=["--threads", "4", "--pack-cache-size", "0",
+                                         "--max-packs", "64", "--max-packs-per-repo", "64",
+                                         "--pack-queue", "64", *args])
+    try:
+        most = 0.0
+        with ThreadPoolExecutor(len(tips)) as clients:
+            burst = [clients.submit(_fetch, srv.port, "long-plain.git", t) for t in tips]
+            deadline = time.monotonic() + TIMEOUT
+            while not all(f.done() for f in burst):
+                assert time.monotonic() < deadline
+                text = request(srv.port, "GET", "/metrics").body.decode()
+                m = re.search(r"^gitspout_thread_pool_busy (\S+)$", text, re.M)
+                assert m
+                most = max(most, float(m.group(1)))
+            for f in burst:
+                f.result(TIMEOUT)
+        return most
+    finally:
+        srv.stop()
+
+
+def test_one_repository_uses_at_most_threads_per_repo(fair_root: Path) -> None:
+    """--threads-per-repo 1 (the default): the burst runs on one thread at a time, leaving
+    the interpreter to the event loop and other repositories; 0 lets it take them all."""
+    tips = _tips(fair_root / "long-plain.git", *(f"main~{k}" for k in range(12)))
+    assert _busy_during_burst(fair_root, tips) == 1
+    assert _busy_during_burst(fair_root, tips, "--threads-per-repo", "0") > 1
