@@ -334,9 +334,10 @@ def _produce_step(it: Iterator[Any], fd: int) -> int | object:
 
 
 def _tags_digest(ctx: RequestContext) -> bytes:
-    """The visible tags (what include-tag may add), by value."""
-    _, refs = ctx.visible()
-    tags = [r.oid + b" " + (r.peeled or b"") for r in refs if r.name.startswith(b"refs/tags/")]
+    """The visible tags (what include-tag may add), by value. Only the segments of
+    ``refs/tags/`` are decoded (docs/ARCHITECTURE.md, ref state): ``ctx.visible()`` made a
+    Ref of every ref, 0.1 s of each fetch of a 100k-ref repository."""
+    tags = [r.oid + b" " + (r.peeled or b"") for r in ctx.visible_under(b"refs/tags/")]
     return hashlib.sha256(b"\n".join(tags)).digest() if tags else b""
 
 

@@ -390,3 +390,29 @@ def test_cache_file_removed_behind_its_back(git: Git, fixture_root: Path, tmp_pa
         assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="failed"}'] == 1
     finally:
         srv.stop()
+
+
+def test_new_tag_is_a_new_key_for_include_tag(git: Git, fixture_root: Path, tmp_path: Path,
+                                              cache_dir: Path) -> None:
+    """A single-branch clone sends include-tag and wants only main: the visible tags are
+    in the key by value (read by prefix, not from every ref), so a new annotated tag on
+    main's commit is generated again, and the clone gets the tag."""
+    root = tmp_path / "root"
+    root.mkdir()
+    served = copy_repo(fixture_root / "basic.git", root / "basic.git")
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/basic.git"
+        for name in ("a", "b"):
+            git.run("clone", "-q", "--bare", "--single-branch", "-b", "main", url,
+                    str(tmp_path / name))
+        assert lookups(srv) == {"hit": 1, "miss": 1, "joined": 0, "bypass": 0}
+        git.run("--git-dir", str(served), "tag", "-a", "-m", "new", "zz-new-tag", "main")
+        c = tmp_path / "c"
+        git.run("clone", "-q", "--bare", "--single-branch", "-b", "main", url, str(c))
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 0}
+        want = git.out("--git-dir", str(served), "rev-parse", "zz-new-tag").strip()
+        assert git.out("--git-dir", str(c), "rev-parse", "zz-new-tag").strip() == want
+        fsck(git, c)
+    finally:
+        srv.stop()
