@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..store.lru import ByteLRU
 from ..store.objformat import OFS_DELTA, REF_DELTA
-from ..store.packs import PackFile, encode_entry_header
+from ..store.packs import PackFile, encode_entry_header, encode_ofs_distance
 
 __all__ = ["Layout", "layout_for", "LAYOUTS_BUDGET"]
 
@@ -68,18 +68,6 @@ class Layout:
         """Indexes of the segments that start at or after pack offset ``first`` and
         before ``last``."""
         return range(bisect_left(self.starts, first), bisect_right(self.starts, last - 1))
-
-
-def _encode_ofs(dist: int) -> bytes:
-    """The OFS_DELTA distance varint (pack-format: base-128, each continuation adds one)."""
-    out = bytearray([dist & 0x7F])
-    dist >>= 7
-    while dist:
-        dist -= 1
-        out.append(0x80 | (dist & 0x7F))
-        dist >>= 7
-    out.reverse()
-    return bytes(out)
 
 
 Resolve = Callable[[bytes], tuple[int, bytes]]
@@ -184,7 +172,7 @@ def _compute(pack: PackFile, order: array, resolve: Resolve | None,
             # the literal is the entry's own type/size header and the new varint, and the
             # copied range starts at its data.
             deltas += 1
-            literal = win[start - win_at : ofs_at] + _encode_ofs(dist - moved)
+            literal = win[start - win_at : ofs_at] + encode_ofs_distance(dist - moved)
             data_at = win_at + i
         elif resolve is None:
             return None

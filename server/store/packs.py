@@ -84,6 +84,18 @@ def parse_entry_header(buf: bytes, offset: int, hash_len: int) -> EntryHeader:
     return EntryHeader(type_num, size, offset + i)
 
 
+def encode_ofs_distance(dist: int) -> bytes:
+    """The OFS_DELTA distance varint (pack-format: base-128, each continuation adds one)."""
+    out = bytearray([dist & 0x7F])
+    dist >>= 7
+    while dist:
+        dist -= 1
+        out.append(0x80 | (dist & 0x7F))
+        dist >>= 7
+    out.reverse()
+    return bytes(out)
+
+
 def encode_entry_header(type_num: int, size: int, base: int | bytes | None = None) -> bytes:
     """Encode an entry header; ``base`` is the relative distance for OFS_DELTA (positive)
     or the binary base id for REF_DELTA."""
@@ -97,14 +109,7 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
     out.append(c)
     if type_num == OFS_DELTA:
         assert isinstance(base, int) and base > 0
-        rel = bytearray([base & 0x7F])
-        base >>= 7
-        while base:
-            base -= 1
-            rel.append(0x80 | (base & 0x7F))
-            base >>= 7
-        rel.reverse()
-        out += rel
+        out += encode_ofs_distance(base)
     elif type_num == REF_DELTA:
         assert isinstance(base, bytes)
         out += base
