@@ -3,7 +3,7 @@
 Runs the request path without HTTP (resolve, plan, produce the pack) in one thread, so the
 CPU time is the server's alone, without the noise of a shared machine's sockets and pool:
 
-    python bench/inproc.py new ROOT REPO clone|fetch1|adv N
+    python bench/inproc.py new ROOT REPO clone|blobless|fetch1|adv N
     PYTHONPATH=OLD_TREE python bench/inproc.py old ROOT REPO clone N   # a tree from before
                                                                        # the gitspout import root
 
@@ -52,6 +52,8 @@ def run(state: ServerState) -> int:
         lines = [b"want " + head.oid, b"have " + have, b"thin-pack"]
     else:
         lines = [b"want " + w for w in sorted({r.oid for r in refs})]
+        if mode == "blobless":
+            lines.append(b"filter blob:none")
     lines += [b"ofs-delta", b"no-progress", b"done"]
     req = parse_v2_fetch_args(lines, features(ctx), ctx.hash_len * 2)
     plan = plan_fetch(ctx, req)

@@ -59,6 +59,7 @@ class RequestContext:
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
+    _tips_key: tuple[object, ...] = ()
     _visible: tuple[HeadInfo | None, list[Ref]] | None = None
 
     # Who still uses this context: the handler, and each pool job running for it. The
@@ -201,7 +202,7 @@ class RequestContext:
             snap = self.refs
             # Keyed by content: the segments (immutable, compared by identity) and HEAD,
             # so a racy listing that read the same refs again finds it too.
-            key = (snap.segments, snap.head.oid, tuple(hide))
+            key = self._tips_key = (snap.segments, snap.head.oid, tuple(hide))
             cached = self.repo.ref_cache.tips.get(key)
             if cached is not None:
                 self._tips = cached
@@ -217,3 +218,16 @@ class RequestContext:
             self.repo.ref_cache.tips.put(key, self._tips, nbytes=TIP_BYTES * len(self._tips)
                                          + 8 * len(snap.segments) + 200)
         return self._tips
+
+    def present_tips(self) -> set[bytes]:
+        """The tips (:meth:`tips`) already found in the object store under this ref state,
+        shared by the requests that see it; the want check adds to it. A ref keeps its
+        object from being pruned, so a tip found once is there for as long as the ref
+        state lasts (a repack may move it: reading it looks again)."""
+        tips = self.tips()
+        cache = self.repo.ref_cache.present
+        found = cache.get(self._tips_key)
+        if found is None:
+            found = set()
+            cache.put(self._tips_key, found, nbytes=TIP_BYTES * len(tips) + 200)
+        return found

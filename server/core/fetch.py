@@ -149,10 +149,22 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
     ref (ARCHITECTURE.md P7). The refusal names the first offending id, as C git does."""
     # A want is a true miss: the object list may be older than a concurrent repack, so
     # look again (one rescan per request at most) before calling it unknown.
-    missing = [w for w in wants if ctx.odb.locate(w, needed=True) is None]
+    # A tip found before under this ref state is there still (RequestContext.present_tips):
+    # a mirror clone's thousands of wants skip their index lookups.
+    tips = ctx.tips()
+    present = ctx.present_tips()
+    locate = ctx.odb.locate
+    missing: list[bytes] = []
+    for w in wants:
+        if w in present:
+            continue
+        if locate(w, needed=True) is None:
+            missing.append(w)
+        elif w in tips:
+            present.add(w)
     if not missing and ctx.config.allow_any_sha1:
         return
-    bad = missing[0] if missing else check_wants(ctx.src, wants, ctx.tips())
+    bad = missing[0] if missing else check_wants(ctx.src, wants, tips)
     if bad is not None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",

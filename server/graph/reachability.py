@@ -44,7 +44,7 @@ def check_wants(
     Tips and their peeled targets are accepted at once; other commits need a commit walk,
     and trees or blobs (partial-clone lazy fetches) a walk of the trees as well.
     """
-    tip_set = set(tips)
+    tip_set = tips if isinstance(tips, (set, frozenset)) else set(tips)
     pending = [w for w in dict.fromkeys(wants) if w not in tip_set]
     if not pending:
         return None

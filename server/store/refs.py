@@ -354,6 +354,12 @@ class RefCache:
         # (ref state, hideRefs) -> the binary ids of the visible refs and HEAD
         self.tips: ByteLRU[frozenset[bytes]] = ByteLRU("ref_tips", TIPS_ENTRIES,
                                                        unit="entries", parent=parent)
+        # the same key -> those tips the object store was seen to hold (filled by the want
+        # check, core/fetch.py): a ref protects its object from pruning, so under this ref
+        # state they are there still, and a mirror clone's thousands of wants skip their
+        # index lookups
+        self.present: ByteLRU[set[bytes]] = ByteLRU("ref_tips_present", TIPS_ENTRIES,
+                                                    unit="entries", parent=parent)
         self._parent = parent
         self._lock = threading.Lock()
         self._charged = 0

@@ -346,3 +346,27 @@ def test_request_parsers_cap_pkt_lines() -> None:
     with pytest.raises(ClientError) as info:
         parse_command_request(v2, features, max_pkts=5)
     assert info.value.http_status == 413
+
+
+@pytest.mark.parametrize("head", [b"+01f", b" 01f", b"0_1f", b"01f ", b"-001", b"0x1f",
+                                  b"\xff001", b"0003", b"fff1", b"ffff"])
+def test_iter_pkts_refuses_what_decode_pkt_refuses(head: bytes) -> None:
+    """iter_pkts inlines decode_pkt's rules: a length int() would take but git would not
+    ("+01f", " 01f", "0_1f"), 3 and anything over 65520 are the same errors in both."""
+    body = b"0009done\n" + head + b"x" * 40
+    with pytest.raises(ClientError):
+        decode_pkt(body, 9)
+    with pytest.raises(ClientError):
+        list(iter_pkts(body))
+
+
+def test_iter_pkts_equals_decode_pkt_loop() -> None:
+    """Packet by packet the same as decode_pkt, specials and the empty data packet too."""
+    body = STREAM + b"0004" + b"0001" + b"0002" + encode_pkt(b"x" * MAX_PKT_PAYLOAD) + b"0000"
+    via_decode, pos = [], 0
+    while pos < len(body):
+        res = decode_pkt(body, pos)
+        assert not isinstance(res, type(NEED_MORE))
+        via_decode.append(res[0])
+        pos += res[1]
+    assert list(iter_pkts(body)) == via_decode
