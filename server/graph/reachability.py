@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,7 +44,7 @@ def check_wants(
     Tips and their peeled targets are accepted at once; other commits need a commit walk,
     and trees or blobs (partial-clone lazy fetches) a walk of the trees as well.
     """
-    tip_set = tips if isinstance(tips, (set, frozenset)) else set(tips)
+    tip_set: Set[bytes] = tips if isinstance(tips, (set, frozenset)) else set(tips)
     pending = [w for w in dict.fromkeys(wants) if w not in tip_set]
     if not pending:
         return None
@@ -140,7 +140,7 @@ def _walk_until(src: CommitSource, starts: Sequence[bytes], targets: set[bytes] 
     return seen
 
 
-def _expand_tips(src: CommitSource, tips: set[bytes]) -> tuple[list[bytes], set[bytes]]:
+def _expand_tips(src: CommitSource, tips: Set[bytes]) -> tuple[list[bytes], set[bytes]]:
     """Commits to walk from, and non-commit objects (tags, trees, blobs) the tips name."""
     commits, others = [], set()
     for tip in tips:

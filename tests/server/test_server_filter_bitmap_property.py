@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dags import draw_parents
 from gitspout.protocol.fetch_request import parse_v2_fetch_args
 from gitspout.server.app.config import load_config
 from gitspout.server.app.http import ServerState
@@ -50,24 +51,15 @@ class History:
 
 @st.composite
 def histories(draw: st.DrawFn) -> History:
-    n = draw(st.integers(2, 9))
-    parents: list[tuple[int, ...]] = [()]
-    for i in range(1, n):
-        kind = draw(st.sampled_from(["one", "one", "one", "merge", "root"]))
-        if kind == "root":
-            parents.append(())
-        elif kind == "merge" and i >= 2:
-            a, b = draw(st.lists(st.integers(0, i - 1), min_size=2, max_size=2, unique=True))
-            parents.append((a, b))
-        else:
-            parents.append((draw(st.one_of(st.just(i - 1), st.integers(0, i - 1))),))
+    parents = draw_parents(draw, 2, 9)
+    n = len(parents)
     paths = st.sampled_from(["a.txt", "b.bin", "d/c.txt", "d/e/f.txt", "g/h.txt"])
     change = st.tuples(paths, st.integers(0, 12))
     files = tuple(tuple(draw(st.lists(change, min_size=1, max_size=3))) for _ in range(n))
     tags = tuple(draw(st.lists(st.tuples(st.integers(0, n - 1),
                                          st.sampled_from(["commit", "commit", "tree", "blob"])),
                                max_size=3)))
-    return History(tuple(parents), files, tags, draw(st.integers(1, n)))
+    return History(parents, files, tags, draw(st.integers(1, n)))
 
 
 @dataclass(frozen=True)

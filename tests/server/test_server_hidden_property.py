@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import itertools
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dags import draw_parents
 from gitutil import Git, LiveServer, start_server
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -34,7 +35,7 @@ class History:
     layout: str                             # "bitmap", "pack" or "loose"
 
 
-def _closure(parents: list[tuple[int, ...]], tips: tuple[int, ...]) -> set[int]:
+def _closure(parents: Sequence[tuple[int, ...]], tips: tuple[int, ...]) -> set[int]:
     seen: set[int] = set()
     stack = list(tips)
     while stack:
@@ -47,17 +48,8 @@ def _closure(parents: list[tuple[int, ...]], tips: tuple[int, ...]) -> set[int]:
 
 @st.composite
 def histories(draw: st.DrawFn) -> History:
-    n = draw(st.integers(2, 10))
-    parents: list[tuple[int, ...]] = [()]
-    for i in range(1, n):
-        kind = draw(st.sampled_from(["one", "one", "one", "merge", "root"]))
-        if kind == "root":
-            parents.append(())
-        elif kind == "merge" and i >= 2:
-            a, b = draw(st.lists(st.integers(0, i - 1), min_size=2, max_size=2, unique=True))
-            parents.append((a, b))
-        else:  # mostly a chain, sometimes a branch from further back
-            parents.append((draw(st.one_of(st.just(i - 1), st.integers(0, i - 1))),))
+    parents = draw_parents(draw, 2, 10)
+    n = len(parents)
     paths = ["a.txt", "b.txt", "d/c.txt", "d/e/f.txt"]
     files = tuple((draw(st.sampled_from(paths)), draw(st.integers(0, 5))) for _ in range(n))
     commits = st.integers(0, n - 1)
@@ -69,7 +61,7 @@ def histories(draw: st.DrawFn) -> History:
     pick = st.one_of(st.sampled_from(secret), commits) if secret else commits
     hidden = tuple(draw(st.lists(pick, min_size=1, max_size=3, unique=True)))
     layout = draw(st.sampled_from(["bitmap", "pack", "loose"]))
-    return History(tuple(parents), files, visible, hidden, layout)
+    return History(parents, files, visible, hidden, layout)
 
 
 @dataclass(frozen=True)
