@@ -361,7 +361,8 @@ async def _send_pack(state: ServerState, ctx: RequestContext, writer: PktWriter,
     start = time.monotonic()
     try:
         await send_pack_cached(state.pack_cache, ctx, plan, writer, state.executor_for(ctx),
-                               lambda: iter_pack(ctx, plan), state.cfg.keepalive)
+                               lambda source: iter_pack(ctx, plan, source),
+                               state.cfg.keepalive)
     except ConnectionError:
         raise  # the client went away: nothing more to say to it
     except Exception as exc:  # in-band, whatever it is: the client never sees a cut

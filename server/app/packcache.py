@@ -9,6 +9,12 @@ it reads the file from its own descriptor, at its own pace, up to what the produ
 written, and frames the bytes for its own side-band (or none), progress (or no-progress)
 and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
 
+A pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``) is not copied: the
+pack file already is the cached answer. Its producer only decides that, once, for everyone
+waiting; the entry then names the pack (``verbatim``, by key) and each reader sends it from
+its own request's lease of the same pack. A clone storm on a bitmapped repository computes
+its object set once and writes no cache file, however large the pack.
+
 A producer that fails leaves its error on the entry: every reader sends it in-band once it
 has sent what was written (I4, P10), the file is removed, and the next request generates
 again. Completed entries serve later identical requests (hits) until their TTL, the byte
@@ -40,6 +46,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.stats import PackStats, Progress
+from ..packgen.packplan import build_pack_source
+from ..packgen.packsource import PackSource, WholePackSource
 from .errors import INTERNAL_ERROR, answer_for
 from .stream import PktWriter, pump_pack
 
@@ -68,6 +76,7 @@ class _Entry:
     objects: int = 0
     done: bool = False
     failed: str | None = None  # the in-band error text every reader ends with
+    verbatim: tuple[object, ...] | None = None  # the key of a pack sent whole: no file bytes
     readers: int = 0
     listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
@@ -213,10 +222,12 @@ class PackCache:
 
     # -- producing ---------------------------------------------------------------
 
-    async def produce(self, entry: _Entry, ctx: RequestContext, executor: Executor,
-                      make_iter: Callable[[], Iterator[Any]]) -> None:
-        """Pull the pack source in the pool and append its bytes to the entry's file,
-        as fast as it goes, until it ends, fails, or nobody reads any more."""
+    async def produce(self, entry: _Entry, ctx: RequestContext, plan: FetchPlan,
+                      executor: Executor, make_iter: Callable[[PackSource | None], Iterator[Any]]) -> None:
+        """Decide the pack source in the pool; a whole pack on disk only marks the entry
+        (see the module doc). Otherwise pull the source in the pool and append its bytes
+        to the entry's file, as fast as it goes, until it ends, fails, or nobody reads any
+        more."""
         loop = asyncio.get_running_loop()
         ctx.hold()  # the packs it reads stay leased even once the first client is gone
         fd = -1
@@ -224,7 +235,12 @@ class PackCache:
         step: asyncio.Future[Any] | None = None
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
-            it = await loop.run_in_executor(executor, make_iter)
+            source = await loop.run_in_executor(executor, build_pack_source, ctx, plan)
+            if isinstance(source, WholePackSource):
+                entry.verbatim, entry.objects = source.pack.key, source.stats.objects
+                entry.done = True
+                return
+            it = make_iter(source)
             while entry.readers:
                 step = loop.run_in_executor(executor, _produce_step, it, fd)
                 item = await step
@@ -262,11 +278,14 @@ class PackCache:
         return fd
 
     async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
-                   no_progress: bool) -> None:
-        """Send the entry to one client as it grows, framed for that client."""
+                   no_progress: bool) -> bool:
+        """Send the entry to one client as it grows, framed for that client. True when
+        the entry turned out to name a pack to send whole (nothing was sent here)."""
         pos = shown = since_yield = 0
         try:
             while True:
+                if entry.verbatim is not None:
+                    return True
                 while shown < len(entry.progress) and entry.progress[shown][0] <= pos:
                     if not no_progress:
                         await writer.progress(entry.progress[shown][1])
@@ -285,9 +304,9 @@ class PackCache:
                         await asyncio.sleep(0)
                 elif entry.failed is not None:
                     await writer.error(entry.failed, in_band=True)
-                    return
+                    return False
                 elif entry.done and shown == len(entry.progress):
-                    return
+                    return False
                 elif not entry.done and not await entry.changed(keepalive):
                     await writer.keepalive()
         finally:
@@ -373,17 +392,19 @@ def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
 
 async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: FetchPlan,
                            writer: PktWriter, executor: Executor,
-                           make_iter: Callable[[], Iterator[Any]], keepalive: float) -> None:
+                           make_iter: Callable[[PackSource | None], Iterator[Any]],
+                           keepalive: float) -> None:
     """Send a fetch's pack through the pack cache (or straight from its source when there
-    is no cache or the entry is not to be cached). The one hook in the fetch path."""
+    is no cache or the entry is not to be cached). The one hook in the fetch path.
+    ``make_iter(source)`` is the pack's items from ``source`` (None: decide it first)."""
     no_progress = plan.req.no_progress
     if cache is None:
-        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
     key = await asyncio.get_running_loop().run_in_executor(executor, pack_key, ctx, plan)
     entry, result = cache.lookup(key, ctx.repo.url_path)
     if entry is None:
-        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
     try:
         fd = cache.open_reader(entry)
@@ -391,18 +412,31 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
         if entry.done or result == "miss":  # in production: its readers have their fds
             cache.discard(entry)
-        await pump_pack(writer, executor, make_iter, keepalive, no_progress)
+        await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
     if result == "miss":
         task = asyncio.get_running_loop().create_task(
-            cache.produce(entry, ctx, executor, make_iter))
+            cache.produce(entry, ctx, plan, executor, make_iter))
         cache.producers.add(task)
         task.add_done_callback(cache.producers.discard)
-        await cache.read(entry, fd, writer, keepalive, no_progress)
+        if await cache.read(entry, fd, writer, keepalive, no_progress):
+            await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
         return
     stats = ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
-    await cache.read(entry, fd, writer, keepalive, no_progress)
+    if await cache.read(entry, fd, writer, keepalive, no_progress):
+        await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
+        return
     stats.objects, stats.size = entry.objects, entry.size
+
+
+async def _send_whole(entry: _Entry, ctx: RequestContext, writer: PktWriter, executor: Executor,
+                      make_iter: Callable[[PackSource | None], Iterator[Any]], keepalive: float,
+                      no_progress: bool) -> None:
+    """The entry names a pack sent whole: send it from this request's own lease of it (the
+    key holds the pack set, so this request froze the same pack)."""
+    pack = next((p for p in ctx.odb.packs if p.key == entry.verbatim), None)
+    source = WholePackSource(pack) if pack is not None else None  # None: decide it here
+    await pump_pack(writer, executor, lambda: make_iter(source), keepalive, no_progress)
 
 
 class PackCacheCollector:

@@ -172,9 +172,12 @@ def _thin_from_reach(bi: BitmapIndex, haves: Reach) -> ThinCheck:
     return has
 
 
-def iter_pack(ctx: RequestContext, plan: FetchPlan) -> Iterator[bytes | Progress]:
-    """Enumerate, then produce the pack: the iterator the stream writer pulls from."""
-    source = build_pack_source(ctx, plan)
+def iter_pack(ctx: RequestContext, plan: FetchPlan, source: PackSource | None = None
+              ) -> Iterator[bytes | Progress]:
+    """Enumerate (unless ``source`` was decided already), then produce the pack: the
+    iterator the stream writer pulls from."""
+    if source is None:
+        source = build_pack_source(ctx, plan)
     n = source.stats.objects
     yield Progress(b"Enumerating objects: %d, done.\n" % n)
     yield Progress(b"Counting objects: 100%% (%d/%d), done.\n" % (n, n))

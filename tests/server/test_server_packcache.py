@@ -64,11 +64,19 @@ def _bare(git: Git, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cache_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
-    """storm.git: 4 commits of 3 MiB incompressible blobs, one pack with a bitmap."""
+    """storm.git: 4 commits of 3 MiB incompressible blobs, one pack with a bitmap. The
+    pack also holds a commit no ref reaches any more (a deleted branch), so a clone is
+    generated from the bitmap rather than sent as the pack on disk (the pack cache does
+    not copy those: test_whole_pack_is_not_copied)."""
     root = tmp_path_factory.mktemp("packcache")
     repo = _bare(git, root / STORM)
     _blob_commits(git, repo, [BLOB_BYTES] * 4, seed=1)
+    tree = git.out("--git-dir", str(repo), "rev-parse", "main^{tree}").strip()
+    gone = git.out("--git-dir", str(repo), "commit-tree", "-m", "gone", "-p", "main",
+                   tree).strip()
+    git.run("--git-dir", str(repo), "update-ref", "refs/heads/gone", gone)
     git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    git.run("--git-dir", str(repo), "update-ref", "-d", "refs/heads/gone")
     return root
 
 
@@ -414,5 +422,34 @@ def test_new_tag_is_a_new_key_for_include_tag(git: Git, fixture_root: Path, tmp_
         want = git.out("--git-dir", str(served), "rev-parse", "zz-new-tag").strip()
         assert git.out("--git-dir", str(c), "rev-parse", "zz-new-tag").strip() == want
         fsck(git, c)
+    finally:
+        srv.stop()
+
+
+def test_whole_pack_is_not_copied(git: Git, tmp_path: Path, cache_dir: Path) -> None:
+    """A clone that gets the pack on disk as it is (every object reachable, bitmapped):
+    concurrent clones decide it once (one miss, the others hits or joins), each gets the
+    pack file's bytes, and nothing is written to the cache directory, however large the
+    pack (a monorepo's would fill the cap with a copy of itself)."""
+    root = tmp_path / "root"
+    repo = _bare(git, root / "whole.git")
+    _blob_commits(git, repo, [BLOB_BYTES] * 2, seed=7)
+    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    (on_disk,) = (repo / "objects" / "pack").glob("pack-*.pack")
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        dests = [tmp_path / f"w{i}.git" for i in range(4)]
+        results = wait_all(clone_procs(git, f"{srv.url}/whole.git", dests))
+        assert all(rc == 0 for rc, _ in results), results
+        for d in dests:
+            fsck(git, d)
+            assert pack_of(d) == on_disk.read_bytes()
+        seen = lookups(srv)
+        assert seen["miss"] == 1 and seen["hit"] + seen["joined"] == 3, seen
+        m = metrics(srv)
+        assert m["gitspout_pack_cache_generated_bytes_total"] == 0
+        assert m["gitspout_pack_cache_bytes"] == 0
+        (sub,) = cache_dir.glob("gitspout-packcache-*")
+        assert all(f.stat().st_size == 0 for f in sub.iterdir())
     finally:
         srv.stop()
