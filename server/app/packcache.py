@@ -9,11 +9,13 @@ it reads the file from its own descriptor, at its own pace, up to what the produ
 written, and frames the bytes for its own side-band (or none), progress (or no-progress)
 and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
 
-A pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``) is not copied: the
-pack file already is the cached answer. Its producer only decides that, once, for everyone
-waiting; the entry then names the pack (``verbatim``, by key) and each reader sends it from
-its own request's lease of the same pack. A clone storm on a bitmapped repository computes
-its object set once and writes no cache file, however large the pack.
+A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over an eighth
+of the cap) is not copied: the pack file already is the cached answer. Its producer only
+decides that, once, for everyone waiting; the entry then names the pack (``verbatim``, by
+key) and each reader sends it from its own request's lease of the same pack, through the
+pool (packs may be on NFS). A clone storm on a monorepo computes its object set once and
+does not fill the cache directory with a copy of its pack. A smaller one is copied like any
+other: a reader of the local cache file costs less than pool round trips to the pack.
 
 A producer that fails leaves its error on the entry: every reader sends it in-band once it
 has sent what was written (I4, P10), the file is removed, and the next request generates
@@ -236,7 +238,7 @@ class PackCache:
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
             source = await loop.run_in_executor(executor, build_pack_source, ctx, plan)
-            if isinstance(source, WholePackSource):
+            if isinstance(source, WholePackSource) and source.pack.pack_size > self.max_bytes // 8:
                 entry.verbatim, entry.objects = source.pack.key, source.stats.objects
                 entry.done = True
                 return
