@@ -21,10 +21,13 @@ import pytest
 from dulwich.objects import parse_tree
 from gitspout.server.core.context import RequestContext
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
+from gitspout.server.graph.commits import _merge_changes
 from gitspout.server.store.objformat import OBJ_COMMIT
 from gitspout.server.store.odb import PackRegistry
 from gitspout.server.store.repos import RepoResolver
 from gitutil import Git, fsck, git_env, repo_state, start_server
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 LAYOUTS = ("plain", "rev", "large")
 
@@ -253,3 +256,47 @@ def test_mirror_clone_of_each_layout(git: Git, layouts: Path, tmp_path: Path) ->
             shutil.rmtree(out)
     finally:
         server.stop()
+
+
+_MODES = (0o100644, 0o100755, 0o040000, 0o120000, 0o160000)
+
+
+def _raw_tree(entries: dict[bytes, tuple[int, bytes]]) -> bytes:
+    """A tree's bytes in git's order (a directory sorts as its name plus "/")."""
+    def order(name: bytes) -> bytes:
+        return name + b"/" if entries[name][0] == 0o040000 else name
+    return b"".join(b"%o %s\0%s" % (entries[n][0], n, entries[n][1]) for n in sorted(entries, key=order))
+
+
+# Names of "A", "-" and "." ("-" and "." sort before "/"): "A-" comes before the
+# directory "A" but after the file "A".
+_names = st.binary(min_size=1, max_size=3).map(lambda b: bytes(b"A-.B"[c % 4] for c in b))
+# Ids of few distinct bytes, NULs and spaces among them: a parser that looked for them
+# inside an id would go wrong.
+_ids = st.binary(min_size=20, max_size=20).map(lambda b: bytes(c % 3 * 16 for c in b))
+_trees = st.dictionaries(_names, st.tuples(st.sampled_from(_MODES), _ids), max_size=12)
+
+
+@given(old=_trees, edits=st.lists(st.tuples(_names, st.none() | st.tuples(st.sampled_from(_MODES), _ids)),
+                                   max_size=4))
+@settings(max_examples=400, deadline=None)
+def test_merge_changes_match_a_full_diff(old: dict[bytes, tuple[int, bytes]],
+                                          edits: list[tuple[bytes, tuple[int, bytes] | None]]) -> None:
+    """Random trees and random edits (entries added, removed, retyped, given new ids): the
+    merge that parses only where the trees differ finds what a whole parse finds."""
+    new = dict(old)
+    for name, value in edits:
+        if value is None:
+            new.pop(name, None)
+        else:
+            new[name] = value
+    a, b = _raw_tree(new), _raw_tree(old)
+
+    def kind(mode: int) -> int:  # a tree, a gitlink, or a file of any mode
+        return mode & 0o170000 if mode & 0o170000 in (0o040000, 0o160000) else 0
+
+    expected = [(mode, oid, None if name not in old else old[name][1] if kind(old[name][0]) == kind(mode)
+                 else None)
+                for name, mode, oid in ((n, m, bytes.fromhex(h.decode())) for n, m, h in parse_tree(a, 20))
+                if name not in old or old[name][1] != oid]
+    assert _merge_changes(a, b, 20) == expected

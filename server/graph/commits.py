@@ -140,6 +140,89 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
         i = end
 
 
+def _equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
+    """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``), halving
+    with slice comparisons as :func:`_first_difference` does."""
+    if a[i : i + length] == b[j : j + length]:
+        return length
+    lo, hi = 0, length  # lo bytes are equal, hi bytes are not
+    while hi - lo > 32:
+        mid = (lo + hi) >> 1
+        if a[i + lo : i + mid] == b[j + lo : j + mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[i + lo] == b[j + lo]:
+        lo += 1
+    return lo
+
+
+def _entry_at(buf: bytes, i: int, hash_len: int) -> tuple[int, bytes, bytes, int] | None:
+    """(mode, name, binary id, where the next entry starts) of the entry at ``i``, or None
+    when it is malformed (the caller parses the whole tree, which says what is wrong)."""
+    nul = buf.find(b"\0", i)
+    end = nul + 1 + hash_len
+    if nul < 0 or end > len(buf):
+        return None
+    space = buf.find(b" ", i, nul)
+    if space < 0:
+        return None
+    try:
+        mode = int(buf[i:space], 8)
+    except ValueError:
+        return None
+    return mode, buf[space + 1 : nul], buf[nul + 1 : end], end
+
+
+def _merge_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
+    """The changes between two trees by a merge of their entries in tree order, skipping
+    runs of identical bytes without parsing them (None when an entry is malformed).
+
+    From two entry boundaries, the bytes both trees have in common up to their first
+    difference are whole entries of both, the same ones: they are stepped over in C
+    (:func:`_whole_entries`). Only the entries where the trees differ are parsed, one from
+    each side: the same name is a changed entry, otherwise the one that sorts first was
+    added (in ``new``) or removed (from ``old``). A tree of 500 entries with a file added
+    is a few comparisons, not two whole parses.
+    """
+    n, o = len(new), len(old)
+    skip = _whole_entries(hash_len).match
+    out: list[TreeChange] = []
+    i = j = 0  # entry boundaries in new and old
+    while i < n:
+        if j < o:
+            same = _equal_run(new, i, old, j, min(n - i, o - j))
+            if same == n - i:
+                return out  # the rest of new is the rest of old, or a prefix of it
+            if same:
+                m = skip(new, i, i + same)
+                step = m.end() - i if m is not None else 0
+                i += step
+                j += step
+        theirs = _entry_at(old, j, hash_len) if j < o else None
+        ours = _entry_at(new, i, hash_len)
+        if ours is None or (theirs is None and j < o):
+            return None
+        mode, name, oid, after = ours
+        if theirs is not None and theirs[1] == name:
+            if theirs[2] != oid:
+                # A base of another kind (a file that became a directory) is no base.
+                same_kind = _kind(theirs[0]) == _kind(mode)
+                out.append((mode, oid, theirs[2] if same_kind else None))
+            i, j = after, theirs[3]
+        elif theirs is None or _sort_key(mode, name) < _sort_key(theirs[0], theirs[1]):
+            out.append((mode, oid, None))  # added
+            i = after
+        else:
+            j = theirs[3]  # removed
+    return out
+
+
+def _sort_key(mode: int, name: bytes) -> bytes:
+    """Where an entry sorts in a tree: a directory as its name followed by "/"."""
+    return name + b"/" if mode & MODE_TYPE == MODE_TREE else name
+
+
 def tree_entries(data: bytes, hash_len: int) -> Iterator[tuple[bytes, bool, bytes]]:
     """(name, is_tree, binary id) for each entry; gitlinks (submodules) are skipped."""
     try:
@@ -233,7 +316,8 @@ class CommitSource:
         The common case, a commit that modified files, leaves a tree the same length as its
         base with only some entries' ids changed: those are found from the bytes where the
         two differ, without parsing the entries in between (docs/ARCHITECTURE.md, "Cold
-        path"). Anything else (entries added, removed or renamed) parses both.
+        path"). Anything else (entries added, removed or renamed) is a merge of the two
+        that parses only the entries where they differ (:func:`_merge_changes`).
         """
         data = self.tree_data(tree)
         if base is None:
@@ -243,6 +327,9 @@ class CommitSource:
             found = _id_only_changes(data, old, self.odb.hash_len)
             if found is not None:
                 return found
+        found = _merge_changes(data, old, self.odb.hash_len)
+        if found is not None:
+            return found
         known = {name: (mode, hx) for name, mode, hx in self._parse(old)}
         out: list[TreeChange] = []
         for name, mode, hx in self._parse(data):
