@@ -89,60 +89,37 @@ def _whole_entries(hash_len: int) -> re.Pattern[bytes]:
     return re.compile(rb"(?:[^\0]*\0.{%d})*" % hash_len, re.DOTALL)
 
 
-def _first_difference(a: bytes, b: bytes, lo: int, hi: int) -> int:
-    """The first index in [lo, hi) where ``a`` and ``b`` differ, or ``hi``: halving the
-    range with slice comparisons (memcmp), a few Python steps whatever the length."""
-    if a[lo:hi] == b[lo:hi]:
-        return hi
-    while hi - lo > 32:
-        mid = (lo + hi) >> 1
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo
-
-
 def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | None:
     """The changes between two trees of the same length whose bytes differ only inside
     entry ids (same modes, same names, same order), or None when they differ otherwise.
 
-    Each difference is found by comparing the bytes (:func:`_first_difference`); entry
+    Each difference is found by comparing the bytes (:func:`_equal_run`); entry
     boundaries are found from the start of ``new`` only up to the last difference, and
     nothing is parsed past it. Identical bytes before an entry parse identically in both
     trees, so a difference that falls inside an id belongs to the same entry of both.
     """
     n = len(new)
     out: list[TreeChange] = []
-    find = new.find
     skip = _whole_entries(hash_len).match
     i = 0  # the start of an entry
     while True:
-        first = _first_difference(new, old, i, n)
+        first = i + _equal_run(new, i, old, i, n - i)
         if first == n:
             return out
         m = skip(new, i, first)  # the entries that end before it
         i = m.end() if m is not None else i
-        nul = find(b"\0", i)
-        end = nul + 1 + hash_len
-        if nul < 0 or first <= nul or end > n:
+        found = _entry_at(new, i, hash_len)
+        if found is None or first < found[3] - hash_len:
             return None  # a mode or a name differs: not this case
-        space = find(b" ", i, nul)
-        if space < 0:
-            return None
-        try:
-            mode = int(new[i:space], 8)
-        except ValueError:
-            return None
-        out.append((mode, new[nul + 1 : end], old[nul + 1 : end]))
+        mode, _, oid, end = found
+        out.append((mode, oid, old[end - hash_len : end]))
         i = end
 
 
 def _equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
-    """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``), halving
-    with slice comparisons as :func:`_first_difference` does."""
+    """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``): the
+    range is halved with slice comparisons (memcmp), a few Python steps whatever the
+    length."""
     if a[i : i + length] == b[j : j + length]:
         return length
     lo, hi = 0, length  # lo bytes are equal, hi bytes are not
