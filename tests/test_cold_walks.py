@@ -17,13 +17,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from dulwich.objects import parse_tree
 from gitspout.server.core.context import RequestContext
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
 from gitspout.server.graph.commits import _merge_changes
+from gitspout.server.store.bitmaps import iter_set_bits
 from gitspout.server.store.objformat import OBJ_COMMIT
 from gitspout.server.store.odb import PackRegistry
+from gitspout.server.store.packs import _sort_positions
 from gitspout.server.store.repos import RepoResolver
 from gitutil import Git, fsck, git_env, repo_state, start_server
 from hypothesis import given, settings
@@ -300,3 +303,20 @@ def test_merge_changes_match_a_full_diff(old: dict[bytes, tuple[int, bytes]],
                 for name, mode, oid in ((n, m, bytes.fromhex(h.decode())) for n, m, h in parse_tree(a, 20))
                 if name not in old or old[name][1] != oid]
     assert _merge_changes(a, b, 20) == expected
+
+
+@given(st.sets(st.integers(0, (1 << 40) - 1), max_size=300), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_sort_positions_is_argsort(offsets: set[int], huge: bool) -> None:
+    """The packed-key sort of the reverse index orders index positions as argsort does;
+    a pack too large to pack offset and position in 64 bits takes argsort itself."""
+    values = np.array(sorted(offsets, key=lambda v: (v * 2654435761) % 1000003), dtype=np.uint64)
+    limit = 1 << 63 if huge else 1 << 40
+    assert _sort_positions(values, limit).tolist() == np.argsort(values).tolist()
+
+
+@given(st.integers(0, 1 << 600), st.integers(1, 600))
+@settings(max_examples=200, deadline=None)
+def test_iter_set_bits_lists_the_bits_below_the_limit(value: int, limit: int) -> None:
+    value &= (1 << limit) - 1
+    assert iter_set_bits(value, limit) == [i for i in range(limit) if value >> i & 1]

