@@ -233,8 +233,7 @@ def test_bitmap_walk_of_each_ref_is_rev_list(git: Git, layouts: Path, layout: st
         without_bitmap = 0
         for tip in tips:
             target, type_num, _ = ctx.src.peel(tip)
-            rank = bi.rank(target)
-            without_bitmap += type_num == OBJ_COMMIT and bi.bm.bitmap_for(rank) is None
+            without_bitmap += type_num == OBJ_COMMIT and bi.bm.bitmap_at(bi.pack.find(target)) is None
             reach = bi.reach([tip])
             listed = git.out("--git-dir", str(repo), "rev-list", "--objects", tip.hex())
             expected = {bytes.fromhex(line[:40]) for line in listed.splitlines()}

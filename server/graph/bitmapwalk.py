@@ -189,11 +189,12 @@ class BitmapIndex:
                 found = infos[oid] = commit(oid)
             return found
 
+        pack = self.pack
         heap: list[tuple[int, bytes]] = []
         closures = 0
         for oid in start:
-            rank = self.rank(oid)
-            closure = bm.bitmap_for(rank) if rank is not None else None
+            pos = pack.find(oid)
+            closure = bm.bitmap_at(pos) if pos >= 0 else None
             if closure is not None:
                 closures |= closure
             else:
@@ -203,11 +204,12 @@ class BitmapIndex:
         trees: list[_TreeRoot] = []
         while heap:
             _, oid = heapq.heappop(heap)
-            seen, rank = self.lookup(reach, oid)
-            if seen:
+            pos = pack.find(oid)
+            rank = pack.rank_of_index_pos(pos) if pos >= 0 else None
+            if reach.test(rank) if rank is not None else oid in reach.extra:
                 continue
             if rank is not None:
-                closure = bm.bitmap_for(rank)
+                closure = bm.bitmap_at(pos)
                 if closure is not None:
                     reach.bits = reach.bits | closure
                     continue

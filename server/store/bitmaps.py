@@ -117,9 +117,12 @@ class PackBitmaps:
         self.trees, _, pos = decode_ewah(data, pos, pack.count)
         self.blobs, _, pos = decode_ewah(data, pos, pack.count)
         self.tags, _, pos = decode_ewah(data, pos, pack.count)
-        self._entries: dict[int, tuple[int, int, int]] = {}  # pack rank -> (pos, xor, index)
-        self._order: list[int] = []  # entry index -> pack rank
-        # pack rank -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
+        # Keyed by the commit's position in the .idx, as the file lists them: finding a
+        # commit's bitmap needs no reverse index (a fetch of a few commits on a large pack
+        # may never build one, store/packs.py rank_of_index_pos).
+        self._entries: dict[int, tuple[int, int, int]] = {}  # idx position -> (pos, xor, index)
+        self._order: list[int] = []  # entry index -> idx position
+        # idx position -> decoded bitmap: DECODED_BITMAPS of them (~100 KB each for a million
         # objects), counted in bytes
         self._bitmap_bytes = (pack.count + 7) // 8 or 1
         self._decoded = ByteLRU[int]("bitmaps", max(DECODED_BITMAPS * self._bitmap_bytes,
@@ -128,7 +131,6 @@ class PackBitmaps:
 
     def _read_entries(self, pack: PackFile, pos: int, count: int) -> None:
         data = self._data
-        rank_of = pack.rank_of_index_pos
         for k in range(count):
             try:
                 idx_pos, xor, _flags = struct.unpack_from(">IBB", data, pos)
@@ -137,26 +139,26 @@ class PackBitmaps:
                 raise BitmapFormatError("truncated bitmap entry") from None
             if xor > k or idx_pos >= pack.count:
                 raise BitmapFormatError("bad bitmap entry")
-            rank = rank_of(idx_pos)
-            self._entries[rank] = (pos + 6, xor, k)
-            self._order.append(rank)
+            self._entries[idx_pos] = (pos + 6, xor, k)
+            self._order.append(idx_pos)
             pos += 6 + 8 + 8 * words + 4
 
-    def bitmap_for(self, rank: int) -> int | None:
-        """The reachability bitmap of the commit at pack rank ``rank``, or None."""
-        entry = self._entries.get(rank)
+    def bitmap_at(self, idx_pos: int) -> int | None:
+        """The reachability bitmap (bits in pack order) of the commit at position
+        ``idx_pos`` of the pack's .idx, or None."""
+        entry = self._entries.get(idx_pos)
         if entry is None:
             return None
-        hit = self._decoded.get(rank)
+        hit = self._decoded.get(idx_pos)
         if hit is not None:
             return hit
         pos, xor, k = entry
         value, _, _ = decode_ewah(self._data, pos, self._nbits)
         if xor:
-            base = self.bitmap_for(self._order[k - xor])
+            base = self.bitmap_at(self._order[k - xor])
             assert base is not None
             value ^= base
-        self._decoded.put(rank, value, self._bitmap_bytes)
+        self._decoded.put(idx_pos, value, self._bitmap_bytes)
         return value
 
 
