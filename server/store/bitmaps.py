@@ -7,7 +7,6 @@ index), so a bitmap ANDs, ORs and counts at C speed without one Python step per 
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import sys
 from array import array
@@ -17,6 +16,7 @@ import numpy as np
 from .errors import StorageError
 from .faults import report_unusable
 from .lru import ByteLRU
+from .objformat import trailer_matches
 from .packs import PackFile
 
 __all__ = ["PackBitmaps", "BitmapFormatError", "decode_ewah", "iter_set_bits", "load_bitmaps"]
@@ -109,7 +109,7 @@ class PackBitmaps:
             raise BitmapFormatError("bitmap does not belong to this pack")
         # The file ends with a checksum of what precedes it: it is read whole anyway, so
         # checking it is cheap, and a damaged bitmap means a walk, not a wrong pack.
-        if (hashlib.sha1 if h == 20 else hashlib.sha256)(memoryview(data)[:-h]).digest() != data[-h:]:
+        if not trailer_matches(data, h):
             raise BitmapFormatError("bitmap checksum does not match its contents")
         self._nbits = pack.count
         pos = 12 + h

@@ -7,7 +7,6 @@ commit. The file is mapped once per (path, inode) and shared by every request.
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 import struct
@@ -16,7 +15,7 @@ from array import array
 from bisect import bisect_left
 
 from .errors import StorageError
-from .objformat import HASH_ID_LEN
+from .objformat import HASH_ID_LEN, trailer_matches
 
 __all__ = ["CommitGraph", "CommitGraphError", "open_commit_graph", "GraphEntry"]
 
@@ -116,12 +115,7 @@ class CommitGraph:
         """The file ends with a checksum of what precedes it. Checked once per file
         version (the registry keeps the graph by inode): about 1 ms per MB, so that
         damaged parents or trees never lead a walk astray (or outside I7)."""
-        view = memoryview(self._map)
-        try:
-            digest = (hashlib.sha1 if hash_len == 20 else hashlib.sha256)(view[:-hash_len]).digest()
-        finally:
-            view.release()
-        if digest != self._map[len(self._map) - hash_len:]:
+        if not trailer_matches(self._map, hash_len):
             raise CommitGraphError("commit-graph checksum does not match its contents")
 
     def _load_prefixes(self) -> array:

@@ -9,6 +9,7 @@ those of loose object headers and of a tag's ``type`` line. Hash lengths come fr
 from __future__ import annotations
 
 import hashlib
+import mmap
 
 from gitspout.protocol.oid import HEX_LEN
 
@@ -27,6 +28,7 @@ __all__ = [
     "HASH_LEN",
     "HASH_ID_LEN",
     "new_hash",
+    "trailer_matches",
 ]
 
 OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
@@ -47,3 +49,14 @@ _HASH_NEW = {HASH_LEN["sha1"]: hashlib.sha1, HASH_LEN["sha256"]: hashlib.sha256}
 def new_hash(hash_len: int) -> hashlib._Hash:
     """A fresh hash object of the object format whose ids are ``hash_len`` bytes long."""
     return _HASH_NEW[hash_len]()
+
+
+def trailer_matches(data: bytes | mmap.mmap, hash_len: int) -> bool:
+    """True when a git file's last ``hash_len`` bytes are the checksum of all before them
+    (.idx, .rev, .bitmap, commit-graph), hashed through a view of ``data``, not a copy."""
+    view = memoryview(data)
+    try:
+        digest = _HASH_NEW[hash_len](view[:-hash_len]).digest()
+        return digest == view[len(view) - hash_len :].tobytes()
+    finally:
+        view.release()

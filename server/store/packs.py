@@ -8,7 +8,6 @@ index (entry boundaries) and bitmaps lazily, once. It is safe to share between t
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 import struct
@@ -25,7 +24,7 @@ import numpy as np
 from .errors import StorageError
 from .faults import report_unusable
 from .lru import ByteLRU
-from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
+from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES, trailer_matches
 
 __all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
            "encode_entry_header"]
@@ -269,13 +268,7 @@ class PackFile:
         would send the wrong entries under the right names. About 1 ms per MB of index,
         as much as the name prefixes the first lookup reads anyway."""
         def compute() -> tuple[bool, int]:
-            h = self.hash_len
-            view = memoryview(self._idx)
-            try:
-                digest = (hashlib.sha1 if h == 20 else hashlib.sha256)(view[:-h]).digest()
-            finally:
-                view.release()
-            if digest != self._idx[len(self._idx) - h:]:
+            if not trailer_matches(self._idx, self.hash_len):
                 raise self.corrupt("index checksum does not match its contents", ".idx")
             return True, 0
 
@@ -445,7 +438,7 @@ class PackFile:
             why = "bad header or size"
         elif data[12 + 4 * n : 12 + 4 * n + h] != self.pack_checksum():
             why = "does not belong to this pack"
-        elif (hashlib.sha1 if h == 20 else hashlib.sha256)(memoryview(data)[:-h]).digest() != data[-h:]:
+        elif not trailer_matches(data, h):
             why = "checksum does not match its contents"
         if why:
             report_unusable("rev", self.base + ".rev", self.key, self.corrupt(why, ".rev"),
