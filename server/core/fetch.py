@@ -127,10 +127,10 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
     rule applied to wants applies here too, before anything else looks at the commit; an id
     that fails it gets no error either, which would tell the client that it exists.
     """
-    known: list[bytes] = []
-    for oid in dict.fromkeys(shallows):
-        if ctx.odb.contains(oid):
-            known.append(oid)
+    # The client got these commits from us, so a miss may be a concurrent gc that packed
+    # them after this request froze its pack list: look again (once per request).
+    known = [oid for oid in dict.fromkeys(shallows)
+             if ctx.odb.locate(oid, needed=True) is not None]
     if known and not ctx.config.allow_any_sha1:
         allowed = reachable_subset(ctx.src, known, ctx.tips(), ctx.registry.reach_cache)
         dropped = [o for o in known if o not in allowed]

@@ -418,8 +418,13 @@ class ObjectSnapshot:
         return type_num, data
 
     def object_size(self, oid: bytes) -> tuple[int, int] | None:
-        """(type number, size) of ``oid`` without inflating whole deltas, or None."""
-        loc = self.locate(oid, needed=False)
+        """(type number, size) of ``oid`` without inflating whole deltas, or None.
+
+        Every caller asks about an object the request needs (a want being peeled, a blob
+        named by a tree), so a miss is a true one: a concurrent ``git gc`` may have packed
+        the loose file into a pack listed after this request froze its list.
+        """
+        loc = self.locate(oid, needed=True)
         if loc is None:
             return None
         if isinstance(loc, str):

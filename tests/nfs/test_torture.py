@@ -375,3 +375,21 @@ def test_want_moved_by_repack_is_found(tmp_path: Path) -> None:
     # A want is a true miss: the lookup may rescan objects/pack (once per request).
     assert snap.locate(tip, needed=True) is not None, \
         "want reported missing (the request would answer 'not our ref')"
+
+
+def test_want_packed_by_gc_is_typed(tmp_path: Path) -> None:
+    """``git gc --prune=now`` packs the pushed (loose) tip and deletes the loose file after
+    the request froze its pack list. Peeling a want asks for its type and size, not its
+    content: that lookup is a true miss too, and must rescan rather than answer
+    'missing object' (seen once in the torture loop, on a v0 --depth 1 clone)."""
+    from gitspout.server.store.fscache import DirCache
+    from gitspout.server.store.fsops import FsOps
+    from gitspout.server.store.odb import ObjectSnapshot, PackRegistry
+
+    repo, work = _bare_with_loose_tip(tmp_path)
+    tip = bytes.fromhex(_git(work, "rev-parse", "main"))
+    snap = ObjectSnapshot(str(repo / "objects"), 20, PackRegistry(), FsOps(), dirs=DirCache())
+    _git(repo, "gc", "-q", "--prune=now")
+    assert not (repo / "objects" / tip.hex()[:2] / tip.hex()[2:]).exists()
+    found = snap.object_size(tip)
+    assert found is not None and found[0] == 1, f"tip typed as {found}"
