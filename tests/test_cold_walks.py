@@ -304,14 +304,18 @@ def test_merge_changes_match_a_full_diff(old: dict[bytes, tuple[int, bytes]],
     assert _merge_changes(a, b, 20) == expected
 
 
-@given(st.sets(st.integers(0, (1 << 40) - 1), max_size=300), st.booleans())
-@settings(max_examples=200, deadline=None)
-def test_sort_positions_is_argsort(offsets: set[int], huge: bool) -> None:
-    """The packed-key sort of the reverse index orders index positions as argsort does;
-    a pack too large to pack offset and position in 64 bits takes argsort itself."""
-    values = np.array(sorted(offsets, key=lambda v: (v * 2654435761) % 1000003), dtype=np.uint64)
-    limit = 1 << 63 if huge else 1 << 40
-    assert _sort_positions(values, limit).tolist() == np.argsort(values).tolist()
+@given(st.sets(st.integers(0, (1 << 40) - 1), max_size=300),
+       st.sampled_from([1 << 16, 1 << 32, 1 << 40, 1 << 63]))
+@settings(max_examples=300, deadline=None)
+def test_sort_positions_is_argsort(offsets: set[int], limit: int) -> None:
+    """The radix sort of the reverse index orders index positions as argsort does, and
+    gives the offsets in that order: with one pass (offsets under 64 KiB), on 32-bit keys
+    (a pack under 4 GiB, two passes) and on 64-bit ones (three passes, or four)."""
+    values = np.array(sorted({v % limit for v in offsets}, key=lambda v: (v * 2654435761) % 1000003),
+                      dtype=np.uint64)
+    order, in_order = _sort_positions(values, limit)
+    assert order.tolist() == np.argsort(values).tolist()
+    assert in_order.tolist() == sorted(values.tolist())
 
 
 @given(st.integers(0, 1 << 600), st.integers(1, 600))
