@@ -108,6 +108,13 @@ class Config:
                           "reverse indexes, bitmaps, objects, object sets...); suffixes "
                           "KiB, MiB, GiB (or K, M, G) accepted", "size": True},
     )
+    cold_walk_pack_entries: int = field(
+        default=131072,
+        metadata={"help": "a fetch of a few new commits walks from its wants to the client's "
+                          "haves instead of using bitmaps while a pack of at least this many "
+                          "objects has no reverse index loaded yet (sorting its offsets "
+                          "would cost more than the walk); 0 turns this off"},
+    )
     sweep_interval: float = field(
         default=10.0,
         metadata={"help": "seconds between checks that the open packs are still on disk "
@@ -312,6 +319,8 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
     if cfg.body_min_rate < 0:
         raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.cold_walk_pack_entries < 0:
+        raise ConfigError("cold_walk_pack_entries must be 0 or more")
     if cfg.max_open_packs < 2:
         raise ConfigError("max_open_packs must be at least 2 (one pack and its index)")
     if cfg.cache_memory < 0:

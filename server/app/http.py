@@ -141,7 +141,8 @@ class ServerState:
 
     def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
         rec.repo = repo.url_path
-        ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(), self.dirs)
+        ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(), self.dirs,
+                             cold_walk_entries=self.cfg.cold_walk_pack_entries)
         rec.context = ctx
         _REQUEST.set(ctx)  # this request's task: its pool work holds ctx (see _Held)
         return ctx

@@ -52,6 +52,8 @@ class RequestContext:
     dirs: DirCache = field(default_factory=lambda: DirCache(enabled=False))
     fs: FsOps = field(default_factory=FsOps)
     phases: dict[str, float] = field(default_factory=dict)
+    # --cold-walk-pack-entries (packgen/packplan.py): 0 never walks to spare a reverse index
+    cold_walk_entries: int = 131072
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None

@@ -21,7 +21,7 @@ from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 
-__all__ = ["CommitInfo", "CommitSource", "TreeChange", "parse_commit", "parse_tag_target",
+__all__ = ["CommitInfo", "CommitSource", "TreeChange", "WalkTooLong", "parse_commit", "parse_tag_target",
            "tree_entries"]
 
 TreeChange = tuple[int, bytes, bytes | None]
@@ -220,6 +220,10 @@ TREES_BUDGET = 8 << 20  # bytes of raw trees
 TREE_COST = 100  # the LRU's own bookkeeping per tree
 
 
+class WalkTooLong(Exception):
+    """A walk given a limit met more commits than that (:meth:`CommitSource.walk_by_date`)."""
+
+
 class CommitSource:
     """Reads commits (and trees, tags) for one request, caching parsed commits and trees."""
 
@@ -337,11 +341,14 @@ class CommitSource:
         uninteresting: Iterable[bytes],
         cut: frozenset[bytes] | set[bytes] = frozenset(),
         since: int | None = None,
+        limit: int | None = None,
     ) -> tuple[list[bytes], set[bytes]]:
         """``rev-list interesting --not uninteresting``, newest first.
 
         Parents of commits in ``cut`` (shallow boundaries) are not followed. With ``since``,
         commits older than it are left out and not walked through (``--max-age``).
+        With ``limit``, :class:`WalkTooLong` is raised once more interesting commits than
+        that have been met: a caller trying the walk before a costlier means gives up early.
         Returns the interesting commits and the set of commits found uninteresting.
         """
         flags: dict[bytes, bool] = {}  # oid -> uninteresting
@@ -375,6 +382,8 @@ class CommitSource:
                 if since is not None and info.time < since:
                     continue
                 out.append(oid)
+                if limit is not None and len(out) > limit:
+                    raise WalkTooLong(limit)
             if oid in cut:
                 continue
             for parent in info.parents:

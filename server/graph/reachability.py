@@ -314,15 +314,17 @@ def enumerate_objects(
     cut: frozenset[bytes],
     spec: FilterSpec | None,
     tag_refs: Sequence[tuple[bytes, bytes]] = (),
+    max_commits: int | None = None,
 ) -> Enumeration:
     """``rev-list --objects wants --not haves``: commits newest first, then tags, trees and
     blobs. Wanted objects are always sent, whatever the filter (``--filter-provided-objects``
     is off in upload-pack). ``tag_refs`` are (tag object, peeled target) pairs for
-    include-tag; pass them only when the client asked for include-tag.
+    include-tag; pass them only when the client asked for include-tag. More than
+    ``max_commits`` commits to send raises :class:`~.commits.WalkTooLong`.
     """
     want_commits, direct = _split_wants(src, wants)
     have_commits, _ = _split_wants(src, haves)
-    commits, bad = src.walk_by_date(want_commits, have_commits, cut)
+    commits, bad = src.walk_by_date(want_commits, have_commits, cut, limit=max_commits)
     flt = _Filter(spec, src)
     edges = {p for c in commits for p in src.commit(c).parents if p in bad}
     edges.update(c for c in have_commits if c in bad)

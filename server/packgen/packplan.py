@@ -22,6 +22,7 @@ from ..graph.bitmapwalk import (
     filter_needs_trees,
     open_bitmap_index,
 )
+from ..graph.commits import WalkTooLong
 from ..graph.reachability import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits
 from ..store.packs import PackFile
@@ -57,13 +58,40 @@ def build_pack_source(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     source: PackSource | None = None
     shallow = plan.shallow.sent or bool(plan.shallow.cut)
     if not shallow and bitmap_filter_supported(req.filter):
-        bi = open_bitmap_index(ctx.src)
-        if bi is not None:
-            source = _from_bitmaps(ctx, plan, bi)
+        budget = _cold_budget(ctx) if plan.common and req.filter is None else 0
+        if budget:
+            # A client that has nearly all of it, cold: try a short walk before the bitmaps.
+            source = _from_walk(ctx, plan, max_objects=budget)
+        if source is None:
+            bi = open_bitmap_index(ctx.src)
+            if bi is not None:
+                source = _from_bitmaps(ctx, plan, bi)
     if source is None:
         source = _from_walk(ctx, plan)
+    assert source is not None
     ctx.timed("enumerate", start)
     return source
+
+
+# A fetch of a few new commits from a large pack not yet used in this process: bitmaps
+# (and copying entries) need the pack's reverse index first, a sort of every entry's
+# offset (50 ms or more for git/git's 841k entries), where a walk from the wants down to
+# the client's haves reads a few trees, and writing a few objects afresh costs less than
+# the sort (docs/ARCHITECTURE.md, "Cold path"). ``--cold-walk-pack-entries`` says how
+# large a pack must be; the objects written afresh may number 16 for each such size, up
+# to SMALL_FETCH_OBJECTS (git/git at the default: 102).
+SMALL_FETCH_COMMITS = 16
+SMALL_FETCH_OBJECTS = 256
+
+
+def _cold_budget(ctx: RequestContext) -> int:
+    """How many objects may be written afresh to spare the reverse index of the largest
+    pack of the request that has none yet (0: none may)."""
+    unit = ctx.cold_walk_entries
+    if unit <= 0:
+        return 0
+    cold = [p.count for p in ctx.odb.packs if p.count >= unit and not p.knows("reverse")]
+    return min(SMALL_FETCH_OBJECTS, 16 * max(cold) // unit) if cold else 0
 
 
 def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]]) -> tuple[object, ...]:
@@ -76,21 +104,37 @@ def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]]) -> tuple[obj
     return ("walk", digest, repr(req.filter))
 
 
-def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
+def _from_walk(ctx: RequestContext, plan: FetchPlan,
+               max_objects: int | None = None) -> PackSource | None:
+    """The walk's pack source. With ``max_objects``, None when the walk meets more than
+    :data:`SMALL_FETCH_COMMITS` commits or lists more objects than that: the caller has
+    a better means for a large answer."""
     req = plan.req
     tags = _tag_refs(ctx) if req.include_tag else []
     cache = ctx.registry.reach_cache
     key = _walk_key(plan, tags)
     enum = cache.get(key)
     if not isinstance(enum, Enumeration):
-        enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut,
-                                 req.filter, tags)
+        try:
+            enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut,
+                                     req.filter, tags,
+                                     max_commits=SMALL_FETCH_COMMITS if max_objects else None)
+        except WalkTooLong:
+            return None
         cache.put(key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects))
+    if max_objects is not None and len(enum.objects) > max_objects:
+        return None
     # Where the objects live depends on the pack list, which this request froze.
     where = key + tuple(p.key for p in ctx.odb.packs)
     cached = cache.get(where)
+    listed_only = False
     if isinstance(cached, Selection):
         selection = cached.fresh(ctx.odb.packs)
+    elif len(enum.objects) <= _cold_budget(ctx):
+        # Written afresh, no reverse index needed. Not kept: once the index is known,
+        # entries are copied.
+        selection = Selection([], [oid for oid, _ in enum.objects])
+        listed_only = True
     else:
         selection = select_objects(ctx.odb, (oid for oid, _ in enum.objects))
         cache.put(where, selection, 16 * selection.count)
@@ -100,7 +144,7 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan) -> PackSource:
         have = enum.have_objects
         thin = lambda _pack, _rank, oid: oid in have  # noqa: E731
     source = ReusePackSource(ctx.odb, selection, ofs_delta=req.ofs_delta, thin=thin,
-                             delta_hints=enum.hints)
+                             delta_hints=enum.hints, listed_only=listed_only)
     source.stats.kind = "walk"
     return source
 

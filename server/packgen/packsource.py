@@ -243,6 +243,7 @@ class ReusePackSource:
         thin: ThinCheck | None = None,
         delta_hints: dict[bytes, bytes] | None = None,
         compression: int = zlib.Z_DEFAULT_COMPRESSION,
+        listed_only: bool = False,
     ) -> None:
         self.odb = odb
         self.selection = selection
@@ -250,6 +251,9 @@ class ReusePackSource:
         self.thin = thin
         self.hints = delta_hints or {}
         self.compression = compression
+        # Every object is listed, none planned (no pack's reverse index is needed): a
+        # stored delta is kept when its base is known, the rest go whole (see _write_listed).
+        self.listed_only = listed_only
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
         self._done: list[PackPlan] = []
@@ -269,7 +273,7 @@ class ReusePackSource:
             self._done.append(plan)
         self._regen = {}
         for oid in self.selection.loose:
-            for _ in self._write_whole(oid, out):
+            for _ in self._write_listed(oid, out):
                 yield from out.drain()
         yield from out.drain(force=True)
         trailer = out.hash.digest()
@@ -471,6 +475,47 @@ class ReusePackSource:
             out.write(zlib.compress(data, self.compression))
         self.stats.generated_bytes += out.offset - start
 
+    def _write_listed(self, oid: bytes, out: _Out) -> Iterator[None]:
+        """An object outside any plan: loose, or (``listed_only``) any object."""
+        if self.listed_only:
+            loc = self.odb.locate(oid, needed=True)
+            if isinstance(loc, PackedLocation) and self._keep_stored_delta(oid, loc, out):
+                return
+        yield from self._write_whole(oid, out)
+
+    def _keep_stored_delta(self, oid: bytes, loc: PackedLocation, out: _Out) -> bool:
+        """With ``listed_only``: send a stored delta as it is (inflated and deflated again,
+        since the entry's end is not known without the reverse index) when its base went
+        out earlier in this pack or the client has it. Without the reverse index, the base
+        of an OFS_DELTA is known only when it is the object's delta hint (the object at the
+        same path in the parent commit); a REF_DELTA names its base."""
+        pack = loc.pack
+        hdr = pack.read_header(loc.offset)
+        if hdr.type_num == REF_DELTA:
+            base = hdr.base_oid
+        elif hdr.type_num == OFS_DELTA:
+            base = self.hints.get(oid)
+            pos = pack.find(base) if base is not None else -1
+            if pos < 0 or pack.offset_at(pos) != hdr.base_offset:
+                return False
+        else:
+            return False
+        assert base is not None
+        at = self._written.get(base)
+        if hdr.size > LARGE_OBJECT or (
+                at is None and (self.thin is None or not self.thin(None, -1, base))):
+            return False
+        start = self._written[oid] = out.offset
+        if at is not None and self.ofs_delta:
+            out.write(encode_entry_header(OFS_DELTA, hdr.size, start - at))
+        else:
+            out.write(encode_entry_header(REF_DELTA, hdr.size, base))
+        out.write(zlib.compress(pack.inflate(hdr), self.compression))
+        self.stats.deltas += 1
+        self.stats.generated += 1
+        self.stats.generated_bytes += out.offset - start
+        return True
+
     def _write_loose(self, oid: bytes, path: str,
                      out: _Out) -> Generator[None, None, tuple[int, bytes | None]]:
         """A loose object: returns (type, content) when small, to be written as any other
@@ -519,7 +564,7 @@ class ReusePackSource:
     def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out,
                          plan: PackPlan | None, rank: int) -> bool:
         base = self.hints.get(oid)
-        if base is None or len(data) < 64:
+        if base is None or len(data) < 64 or self.listed_only:
             return False
         base_rank = plan.rank_of(base) if plan is not None else -1
         in_plan = plan is not None and base_rank >= 0 and bool(plan.selected[base_rank])

@@ -344,6 +344,13 @@ class PackFile:
             self.unkept.add(kind)
         return value
 
+    def knows(self, kind: str) -> bool:
+        """True when :meth:`derived` would answer ``kind`` without computing it."""
+        if kind in self.extra:
+            return True
+        cache = self.data_cache
+        return cache is not None and cache.get((self.key, kind)) is not None
+
     def forget_derived(self, kind: str) -> None:
         """The cache let ``kind`` go: a later use computes it again (a request using it
         now keeps its own reference)."""

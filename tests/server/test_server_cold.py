@@ -10,6 +10,7 @@ its figure (``pytest -s`` shows it).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -88,3 +89,102 @@ def test_cold_advertisement_of_100k_refs(git: Git, long_root: Path, tmp_path: Pa
     finally:
         server.stop()
     assert refs.count("refs/heads/b") == 100_000
+
+
+# -- a few new commits from a large pack, cold: a walk instead of the reverse index ---------
+
+def _lines(n: int, tag: str) -> str:
+    return "".join(f"{tag} line {i}: some words to make the file worth a delta\n" for i in range(n))
+
+
+def _advanced(git: Git, tmp_path: Path, new_commits: int) -> tuple[Path, Path, str]:
+    """A served repository (one bitmapped pack) and a bare clone of it from before its last
+    ``new_commits`` commits. The first new commit shortens a long file: git then stores the
+    new, smaller version as a delta against the old one, which the client has. Returns
+    (served, client, shortened blob id)."""
+    work = tmp_path / "work"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(6):
+        c.commit({"long.txt": _lines(400, "long"), f"src/f{i}.txt": _lines(40, f"f{i}"),
+                  "README": f"v{i}\n"}, f"c{i}")
+    root = tmp_path / "root"
+    served = root / "r.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(served))
+    client = tmp_path / "client.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(served), str(client))
+    c.commit({"long.txt": _lines(360, "long"), "src/f0.txt": _lines(41, "f0"),
+              "src/new.txt": "a new file\n"}, "shorten")
+    for i in range(1, new_commits):
+        c.commit({"README": f"after {i}\n", f"src/f{i % 6}.txt": _lines(40 + i, f"f{i % 6}")},
+                 f"n{i}")
+    git.run("push", "-q", str(served), "main", cwd=work)
+    git.run("repack", "-adq", "--write-bitmap-index", cwd=served)
+    git.run("commit-graph", "write", "--reachable", cwd=served)
+    return served, client, git.out("rev-parse", "main:long.txt", cwd=served).strip()
+
+
+def _fetch_cold(git: Git, served: Path, client: Path, protocol: str,
+                args: list[str]) -> tuple[str, list[dict[str, object]]]:
+    """Fetch main into ``client`` from a fresh server (first request for the repository):
+    the client's stderr and the server's fetch log records."""
+    import json
+
+    server = start_server(served.parent, args)
+    try:
+        proc = subprocess.run(
+            ["git", "-c", f"protocol.version={protocol}", "--git-dir", str(client), "fetch",
+             "--no-auto-gc", "--progress", f"{server.url}/{served.name}",
+             "+refs/heads/*:refs/heads/*"],
+            env=git_env(git.home), capture_output=True, text=True, timeout=120, check=True)
+        time.sleep(0.1)
+        logs = [json.loads(line) for line in list(server.lines)
+                if line.startswith("{") and '"command":"fetch"' in line]
+    finally:
+        server.stop()
+    return proc.stderr, logs
+
+
+@pytest.mark.parametrize("protocol", ["0", "2"])
+def test_cold_small_fetch_walks_and_keeps_stored_deltas(git: Git, tmp_path: Path,
+                                                        protocol: str) -> None:
+    """With a pack over --cold-walk-pack-entries and no reverse index loaded yet, a fetch
+    of a few new commits is walked and its objects written afresh. The pack holds what a
+    fetch over file:// (C git's upload-pack) gives, passes fsck, and keeps the stored delta
+    of the shortened file against the old version the client has (a thin REF_DELTA)."""
+    served, client, short = _advanced(git, tmp_path, new_commits=3)
+    stored = git.out("verify-pack", "-v", *map(str, served.glob("objects/pack/*.idx")))
+    assert any(line.startswith(short) and len(line.split()) == 7 for line in stored.splitlines()), \
+        "precondition: git stored the shortened file as a delta"
+    twin = tmp_path / "twin.git"
+    shutil.copytree(client, twin, symlinks=True)
+    git.run("--git-dir", str(twin), "fetch", "-q", "--no-auto-gc", f"file://{served}",
+            "+refs/heads/*:refs/heads/*")
+    err, logs = _fetch_cold(git, served, client, protocol, ["--cold-walk-pack-entries", "10"])
+    assert [r["pack_source"] for r in logs if r["objects"]] == ["walk"], logs
+    match = re.search(r"Total (\d+) \(delta (\d+)\)", err)
+    assert match and int(match[2]) >= 1, err
+    git.run("--git-dir", str(client), "fsck", "--no-progress", "--strict")
+    for repo in (client, twin):
+        git.run("--git-dir", str(repo), "repack", "-adq")
+
+    def objects(repo: Path) -> set[str]:
+        return set(git.out("--git-dir", str(repo), "rev-list", "--objects", "--all").split())
+
+    assert git.out("--git-dir", str(client), "rev-parse", "main") == \
+        git.out("--git-dir", str(served), "rev-parse", "main")
+    assert objects(client) == objects(twin)
+
+
+@pytest.mark.parametrize("args, new_commits", [([], 3), (["--cold-walk-pack-entries", "0"], 3),
+                                               (["--cold-walk-pack-entries", "10"], 20)])
+def test_cold_fetch_uses_bitmaps_otherwise(git: Git, tmp_path: Path, args: list[str],
+                                           new_commits: int) -> None:
+    """A pack under the default --cold-walk-pack-entries, the walk turned off, or more new
+    commits than the short walk takes (it gives up and the bitmaps answer): the bitmaps."""
+    served, client, _ = _advanced(git, tmp_path, new_commits)
+    _, logs = _fetch_cold(git, served, client, "2", args)
+    assert [r["pack_source"] for r in logs if r["objects"]] == ["bitmap"], logs
+    git.run("--git-dir", str(client), "fsck", "--no-progress")
+    assert git.out("--git-dir", str(client), "rev-parse", "main") == \
+        git.out("--git-dir", str(served), "rev-parse", "main")
