@@ -278,6 +278,7 @@ class _TreeWalk(TreeDiffWalk):
     shown: set[bytes] = field(default_factory=set)
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
     reverse = True  # the enumeration's order, entry by entry
+    base_is_had: bool = False  # the tree walked against is the client's: its side is had
 
     def _visit(self, oid: bytes, depth: int) -> bool:
         """True when ``oid`` still needs handling at ``depth``."""
@@ -295,6 +296,8 @@ class _TreeWalk(TreeDiffWalk):
             self.hints[oid] = base
 
     def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:
+        if base is not None and self.base_is_had:
+            self.have.add(base)
         if not self._visit(tree, depth):
             return False
         show, walk = self.flt.check(tree, OBJ_TREE, depth)
@@ -303,6 +306,8 @@ class _TreeWalk(TreeDiffWalk):
         return walk
 
     def blob(self, oid: bytes, base: bytes | None, depth: int) -> None:
+        if base is not None and self.base_is_had:
+            self.have.add(base)
         if self._visit(oid, depth) and self.flt.check(oid, OBJ_BLOB, depth)[0]:
             self._show(oid, OBJ_BLOB, base)
 
@@ -321,14 +326,25 @@ def enumerate_objects(
     is off in upload-pack). ``tag_refs`` are (tag object, peeled target) pairs for
     include-tag; pass them only when the client asked for include-tag. More than
     ``max_commits`` commits to send raises :class:`~.commits.WalkTooLong`.
+
+    What the client has is marked sparsely where a commit is walked against a first
+    parent the client has, as git's pack-objects does by default (``pack.useSparse``):
+    that parent's root tree, and the objects met on its side of the diff, not every object
+    its tree reaches (git/git: 4,900 objects, 221 trees read, per fetch of one commit). A
+    changed entry equal to something elsewhere in the client's trees (a file moved, or
+    reverted to an older version) may then be sent although the client has it. The other
+    boundary commits (a merge's parents the client has) are marked in full, so that the
+    changes a merge brings in from them are not sent; the client's other haves by their
+    root trees.
     """
     want_commits, direct = _split_wants(src, wants)
     have_commits, _ = _split_wants(src, haves)
     commits, bad = src.walk_by_date(want_commits, have_commits, cut, limit=max_commits)
     flt = _Filter(spec, src)
+    first = {src.commit(c).parents[0] for c in commits if src.commit(c).parents}
     edges = {p for c in commits for p in src.commit(c).parents if p in bad}
-    edges.update(c for c in have_commits if c in bad)
-    have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges))
+    have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges - first))
+    have_objects.update(src.commit(c).tree for c in edges | {c for c in have_commits if c in bad})
     out: list[ObjectEntry] = []
     listed: set[bytes] = set()
     named = set(want_commits)
@@ -355,6 +371,7 @@ def enumerate_objects(
         # an object that both share be skipped twice, and never sent.
         if info.parents and c not in cut and (info.parents[0] in done or info.parents[0] in bad):
             base = src.commit(info.parents[0]).tree
+        walker.base_is_had = base is not None and info.parents[0] in bad
         walker.walk(info.tree, base)
         done.add(c)
     if tag_refs:

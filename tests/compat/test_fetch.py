@@ -122,3 +122,42 @@ def test_new_repo_appears_without_restart(git, server, tmp_path, version):
         assert ours == theirs
     finally:
         shutil.rmtree(server.root / name, ignore_errors=True)
+
+
+def _total(stderr: str) -> int:
+    import re
+
+    m = re.search(r"Total (\d+) \(delta", stderr)
+    assert m, stderr
+    return int(m[1])
+
+
+@pytest.mark.parametrize("version", ["0", "2"])
+def test_fetch_sends_no_more_objects_than_c_git(git, server, tmp_path, mutable_repo, version):
+    """The walk marks the client's side sparsely (git's pack.useSparse): a commit on top of
+    one the client has, and a merge of a branch it has already fetched (the merged files
+    must not be sent again), cost no more objects than C git's upload-pack sends. (No
+    bitmap, so that the walk answers.)"""
+    name, path = mutable_repo
+    for bitmap in path.glob("objects/pack/*.bitmap"):
+        bitmap.unlink()
+    ours, theirs = clone_both(git, server, name, tmp_path, version)
+    work = tmp_path / "work"
+    git.run("clone", "-q", str(path), str(work))
+    c = Committer(git, work, start=1_750_000_000)
+    git.run("checkout", "-q", "-b", "topic", cwd=work)
+    c.commit({"topic/big.txt": "a file from the topic branch\n" * 200}, "topic")
+    git.run("push", "-q", "origin", "topic", cwd=work)
+    for clone in (ours, theirs):
+        git.run("-c", f"protocol.version={version}", "fetch", "-q", cwd=clone)
+    git.run("checkout", "-q", "main", cwd=work)
+    c.commit({"README.md": "# fixture\n\non main\n"}, "main moves")
+    git.run("merge", "-q", "--no-ff", "-m", "merge topic", "topic", cwd=work)
+    c.commit({"README.md": "# fixture\n\nafter the merge\n"}, "after")
+    git.run("push", "-q", "origin", "main", cwd=work)
+    totals = []
+    for clone in (ours, theirs):
+        res = git.run("-c", f"protocol.version={version}", "fetch", "--progress", cwd=clone)
+        totals.append(_total(res.stderr.decode()))
+    assert_same(git, ours, theirs)
+    assert totals[0] <= totals[1], f"gitspout sent {totals[0]} objects, C git {totals[1]}"
