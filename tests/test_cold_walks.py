@@ -323,3 +323,25 @@ def test_sort_positions_is_argsort(offsets: set[int], limit: int) -> None:
 def test_iter_set_bits_lists_the_bits_below_the_limit(value: int, limit: int) -> None:
     value &= (1 << limit) - 1
     assert iter_set_bits(value, limit) == [i for i in range(limit) if value >> i & 1]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_find_before_and_after_the_prefix_array(git: Git, layouts: Path, layout: str) -> None:
+    """The first lookups of a pack bisect its names in Python; later ones bisect the prefix
+    array. Both find every id at its index position, and neither finds an absent id (one
+    that shares its first 4 bytes with a present one, one past the last of its fan-out
+    bucket, one before the first)."""
+    ctx = _context(layouts, f"{layout}.git")
+    try:
+        (pack,) = ctx.odb.packs
+        ids = [pack.oid_at(i) for i in range(pack.count)]
+        absent = [i[:4] + bytes(16) for i in ids] + [i[:-1] + bytes([(i[-1] + 1) % 256]) for i in ids]
+        absent += [bytes(20), b"\xff" * 20]
+        absent = [a for a in absent if a not in set(ids)]
+        assert pack._prefixes is None
+        slow = [pack._bisect_names(i) for i in ids] + [pack._bisect_names(a) for a in absent]
+        fast = [pack.find(i) for i in ids] + [pack.find(a) for a in absent]
+        assert pack._prefixes is not None, "the prefix array is built after enough lookups"
+        assert slow == fast == list(range(len(ids))) + [-1] * len(absent)
+    finally:
+        ctx.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 
 from gitspout.protocol.oid import HEX_LEN
 
@@ -29,6 +30,7 @@ __all__ = [
     "HASH_ID_LEN",
     "new_hash",
     "trailer_matches",
+    "file_trailer_matches",
 ]
 
 OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
@@ -49,6 +51,30 @@ _HASH_NEW = {HASH_LEN["sha1"]: hashlib.sha1, HASH_LEN["sha256"]: hashlib.sha256}
 def new_hash(hash_len: int) -> hashlib._Hash:
     """A fresh hash object of the object format whose ids are ``hash_len`` bytes long."""
     return _HASH_NEW[hash_len]()
+
+
+def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool | None:
+    """:func:`trailer_matches` of the file at ``path``, read a MiB at a time (hashing
+    releases the GIL). None when the file is gone, or is no longer inode ``inode``."""
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if inode is not None and st.st_ino != inode:
+                return None
+            left = st.st_size - hash_len
+            if left < 0:
+                return False
+            hasher = new_hash(hash_len)
+            buf = memoryview(bytearray(1 << 20))
+            while left > 0:
+                got = fh.readinto(buf[: min(left, len(buf))])
+                if not got:
+                    return False
+                hasher.update(buf[:got])
+                left -= got
+            return fh.read(hash_len) == hasher.digest()
+    except FileNotFoundError:
+        return None
 
 
 def trailer_matches(data: bytes | mmap.mmap, hash_len: int) -> bool:

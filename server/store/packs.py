@@ -231,6 +231,7 @@ class PackFile:
         self._pack_order: array | None = None
         self._rank_of: array | None = None
         self._prefixes: array | None = None
+        self._bisections: int | None = None  # lookups left before the prefixes pay (find)
         self.extra: dict[str, object] = {}  # lazily computed per-pack data (bitmaps, ...)
 
     # -- index ----------------------------------------------------------------
@@ -267,6 +268,10 @@ class PackFile:
             idx.close()
             raise self.corrupt("bad index layout", ".idx")
         return idx
+
+    @property
+    def index_size(self) -> int:
+        return len(self._idx)
 
     def verify_index(self) -> None:
         """Compare the index's trailing checksum with its contents, once per file version
@@ -384,8 +389,21 @@ class PackFile:
         return prefixes
 
     def find(self, oid: bytes) -> int:
-        """Index position of binary ``oid``, or -1."""
-        prefixes = self._prefixes if self._prefixes is not None else self._load_prefixes()
+        """Index position of binary ``oid``, or -1.
+
+        Bisects the prefix array in C. A pack's first lookups (as many as it has entries
+        over 1,024) bisect the mapped names in Python instead: copying out git/git's 841k
+        prefixes costs 8 ms, more than a cold fetch of one commit spends on lookups.
+        """
+        prefixes = self._prefixes
+        if prefixes is None:
+            left = self._bisections
+            if left is None:
+                left = 0 if self.knows("prefixes") else self.count >> 10
+            if left > 0:
+                self._bisections = left - 1
+                return self._bisect_names(oid)
+            prefixes = self._load_prefixes()
         first = oid[0]
         lo = self.fanout[first - 1] if first else 0
         hi = self.fanout[first]
@@ -398,6 +416,22 @@ class PackFile:
                 return i
             i += 1
         return -1
+
+    def _bisect_names(self, oid: bytes) -> int:
+        """:meth:`find` without the prefix array."""
+        first = oid[0]
+        lo = self.fanout[first - 1] if first else 0
+        end = hi = self.fanout[first]
+        idx, h, base = self._idx, self.hash_len, self._names_at
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            at = base + mid * h
+            if idx[at : at + h] < oid:
+                lo = mid + 1
+            else:
+                hi = mid
+        at = base + lo * h
+        return lo if lo < end and idx[at : at + h] == oid else -1
 
     def oid_at(self, pos: int) -> bytes:
         at = self._names_at + pos * self.hash_len

@@ -24,12 +24,14 @@ import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
 from .faults import report_unusable
 from .fsops import FsOps
 from .lru import ByteLRU
+from .objformat import file_trailer_matches
 from .packs import PackFile, PackFormatError
 
 __all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN"]
@@ -46,6 +48,12 @@ LOOSE_IDS_BUDGET = 64 << 20  # bytes of loose object ids, at LOOSE_ID_COST an id
 LOOSE_ID_COST = 64
 ALTERNATES_ENTRIES = 10_000  # alternates files
 PACK_DATA_BUDGET = 1 << 40  # derived data of packs: bounded by --cache-memory alone
+
+
+# An index larger than this is hashed by a background thread while requests use it; a
+# smaller one before its first lookup (PackRegistry._verify_later).
+VERIFY_INLINE_MAX = 8 << 20
+_VERIFIER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gitspout-verify")
 
 
 class Leased(Protocol):
@@ -124,7 +132,13 @@ class PackRegistry:
             pack = PackFile(base, hash_len, key, verify)
             pack.data_cache = self.pack_data
             try:
-                pack.verify_index()
+                if pack.index_size <= VERIFY_INLINE_MAX or pack.knows("verified"):
+                    pack.verify_index()
+                else:
+                    try:
+                        _VERIFIER.submit(self._verify_later, base, key, pack)
+                    except RuntimeError:  # the interpreter is shutting down
+                        pack.verify_index()
             except BaseException:
                 pack.close()
                 raise
@@ -135,6 +149,31 @@ class PackRegistry:
             self._bad_packs[key] = (_stamp(base), exc)
             raise
         return pack
+
+    def _verify_later(self, base: str, key: tuple[object, ...], pack: PackFile) -> None:
+        """Hash an index larger than VERIFY_INLINE_MAX in the background, from a read of
+        its own (the request's map may be closed meanwhile), while requests use it: C git
+        never hashes an index it opens, and git/git's 24 MB cost a cold request 14 ms
+        (docs/ARCHITECTURE.md "Cold path"). A mismatch retires the pack (requests holding
+        it finish; later ones skip it, as they would have from the start) and is reported
+        once; a match is remembered like an inline one."""
+        ok = file_trailer_matches(base + ".idx", pack.hash_len, key[2])
+        if ok is None:
+            return  # gone or replaced: a new key, looked at when listed
+        if ok:
+            pack.derived("verified", lambda: (True, 0))
+            return
+        exc = pack.corrupt("index checksum does not match its contents", ".idx")
+        victims: list[Leased] = []
+        with self._lock:
+            try:
+                self._bad_packs[key] = (_stamp(base), exc)
+            except OSError:
+                pass
+            if self._open.get(key) is pack:
+                victims = self._retire_locked(key)
+        self._close(victims)
+        report_unusable("idx", base + ".idx", key, exc, "the pack is skipped from now on")
 
     def _pack_data_evicted(self, key: object, _value: object) -> None:
         """The memory budget let a pack's derived data go: the open PackFile forgets it."""

@@ -251,3 +251,38 @@ def test_repack_loop_on_the_mount_leaves_nothing_behind(
         assert hidden == [], f"files left behind on the mount: {hidden}"
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_large_index_is_hashed_in_the_background(git: Git, tmp_path: Path, damaged: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index over VERIFY_INLINE_MAX (set to 0 here) is usable at once and hashed by a
+    background thread. A match is remembered; a mismatch (one CRC byte flipped: every
+    lookup still works) retires the pack: the request holding it reads on, as C git would,
+    and a later snapshot skips the pack as one damaged from the start."""
+    from gitspout.server.store import registry as registry_mod
+
+    monkeypatch.setattr(registry_mod, "VERIFY_INLINE_MAX", 0)
+    repo, _ = _make_repo(git, tmp_path)
+    (idx,) = (repo / "objects" / "pack").glob("*.idx")
+    if damaged:
+        data = bytearray(idx.read_bytes())
+        count = int.from_bytes(data[8 + 1020 : 8 + 1024], "big")
+        data[8 + 1024 + count * 20 + 1] ^= 0xFF
+        idx.write_bytes(bytes(data))
+    registry = PackRegistry()
+    tip = _head(git, repo)
+    snap = _snapshot(repo, registry)
+    (pack,) = snap.packs
+    assert snap.read(tip)[0] == 1  # usable before the hash is done
+    if damaged:
+        assert wait_until(lambda: not registry._open, timeout=10), "the damaged pack stays open"
+        assert snap.read(tip)[0] == 1  # the holder reads on
+        later = _snapshot(repo, registry)
+        assert later.packs == [] and later.broken, "a later request must skip the pack"
+        later.close()
+    else:
+        assert wait_until(lambda: pack.knows("verified"), timeout=10)
+        assert list(registry._open) == [pack.key]
+    snap.close()
+    assert not _mine(repo)
