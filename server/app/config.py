@@ -109,11 +109,11 @@ class Config:
                           "KiB, MiB, GiB (or K, M, G) accepted", "size": True},
     )
     cold_walk_pack_entries: int = field(
-        default=131072,
+        default=16384,
         metadata={"help": "a fetch of a few new commits walks from its wants to the client's "
                           "haves instead of using bitmaps while a pack of at least this many "
-                          "objects has no reverse index loaded yet (sorting its offsets "
-                          "would cost more than the walk); 0 turns this off"},
+                          "objects has no reverse index loaded yet (the sort and the haves' "
+                          "bitmaps would cost more than the walk); 0 turns this off"},
     )
     sweep_interval: float = field(
         default=10.0,

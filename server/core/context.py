@@ -53,7 +53,7 @@ class RequestContext:
     fs: FsOps = field(default_factory=FsOps)
     phases: dict[str, float] = field(default_factory=dict)
     # --cold-walk-pack-entries (packgen/packplan.py): 0 never walks to spare a reverse index
-    cold_walk_entries: int = 131072
+    cold_walk_entries: int = 16384
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None

@@ -73,13 +73,13 @@ def build_pack_source(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     return source
 
 
-# A fetch of a few new commits from a large pack not yet used in this process: bitmaps
-# (and copying entries) need the pack's reverse index first, a sort of every entry's
-# offset (50 ms or more for git/git's 841k entries), where a walk from the wants down to
-# the client's haves reads a few trees, and writing a few objects afresh costs less than
-# the sort (docs/ARCHITECTURE.md, "Cold path"). ``--cold-walk-pack-entries`` says how
-# large a pack must be; the objects written afresh may number 16 for each such size, up
-# to SMALL_FETCH_OBJECTS (git/git at the default: 102).
+# A fetch of a few new commits from a pack not yet used in this process: bitmaps (and
+# copying entries) need the pack's reverse index first, a sort of every entry's offset
+# (50 ms for git/git's 841k entries), and the closures of the client's haves, where a
+# walk from the wants down to the haves reads a few trees, and writing a few objects
+# afresh costs less (docs/ARCHITECTURE.md, "Cold path"). ``--cold-walk-pack-entries``
+# says how large a pack must be; the objects written afresh may number 16 for each such
+# size, up to SMALL_FETCH_OBJECTS (at the default: dulwich 55, git/git 256).
 SMALL_FETCH_COMMITS = 16
 SMALL_FETCH_OBJECTS = 256
 
