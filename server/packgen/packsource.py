@@ -53,7 +53,8 @@ __all__ = [
 # (docs/ARCHITECTURE.md "Memory caps").
 CHUNK = 256 << 10
 READ_WINDOW = CHUNK
-NEW_DELTA_SECONDS = 0.05  # CPU a pack may spend in create_delta (ReusePackSource)
+NEW_DELTA_SECONDS = 0.05  # CPU a pack may spend in create_delta (ReusePackSource),
+NEW_DELTA_SECONDS_PER_OBJECT = 0.002  # plus this much for each object it holds
 
 
 class _EntryBody:
@@ -259,7 +260,7 @@ class ReusePackSource:
         # CPU seconds this pack may spend making new deltas: dulwich's create_delta costs
         # about what the delta holds (0.1 ms for a line changed in a 130 KB file, 165 ms
         # for 70 KB rewritten in one of 160 KB); past the budget objects go whole.
-        self._delta_budget = NEW_DELTA_SECONDS
+        self._delta_budget = NEW_DELTA_SECONDS + NEW_DELTA_SECONDS_PER_OBJECT * selection.count
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
         self._done: list[PackPlan] = []
