@@ -25,9 +25,11 @@ Per run we record
   The cgroup's memory high-water mark (which includes page cache) is only in
   the JSON.
 
-Per case, gitspout is restarted and measured once on its own first: that is
+Per case, gitspout is restarted and measured on its own first: that is
 the **cold** run (first request after the server started, its cross-request
-caches empty).  Then A and B alternate ``A B A B ...`` for ``--rounds``
+caches empty); ``--cold-runs N`` does it N times, each after its own restart,
+and reports their median (one cold run is a noisy figure on a shared machine).
+Then A and B alternate ``A B A B ...`` for ``--rounds``
 rounds; the medians are over these rounds only, so B's median is a **warm**
 figure.  Cases:
 
@@ -950,11 +952,12 @@ class Bench:
 
     def __init__(self, rs: RootSet, variants: list[str], cases: list[str], rounds: int,
                  tmp: Path, samples: list[Sample], sides: dict[str, Side],
-                 fleet_repos: int = 0) -> None:
+                 fleet_repos: int = 0, cold_runs: int = 1) -> None:
         self.rs = rs
         self.variants = variants
         self.cases = cases
         self.rounds = rounds
+        self.cold_runs = cold_runs
         self.tmp = tmp
         self.root = tmp / "root"
         self.scratch = tmp / "scratch"
@@ -1010,10 +1013,10 @@ class Bench:
         return FetchOneCase(self, repo, served, self._template, new, ref)
 
     def run_case(self, variant: str, case: Case) -> None:
-        print(f"  -- {case.name}: B cold run on a restarted gitspout, then "
-              f"{self.rounds} round(s) A B", flush=True)
+        print(f"  -- {case.name}: {self.cold_runs} B cold run(s), each on a restarted "
+              f"gitspout, then {self.rounds} round(s) A B", flush=True)
         a, b = self.sides["A"], self.sides["B"]
-        plan: list[tuple[Side, int, bool]] = [(b, 0, True)]
+        plan: list[tuple[Side, int, bool]] = [(b, 0, True)] * self.cold_runs
         for r in range(1, self.rounds + 1):
             plan += [(a, r, False), (b, r, False)]
         states: list[Any] = []
@@ -1022,9 +1025,12 @@ class Bench:
                 states.append(case.prepare(side, run))
             if isinstance(case, FetchOneCase):
                 os.sync()  # do not let writeback of the copies land in a measurement
-            b.restart()
+            first = True
             for (side, run, cold), state in zip(plan, states, strict=True):
-                check = cold or (side is a and run == 1)  # first run of each server
+                check = first or (side is a and run == 1)  # first run of each server
+                if cold:
+                    b.restart()
+                first = False
                 side.ensure_alive()
                 sample = self.measure(side, variant, case, run, cold, state, check)
                 self.samples.append(sample)
@@ -1111,7 +1117,7 @@ def summarise(samples: list[Sample]) -> list[Row]:
         group = [s for s in samples if (s.repo, s.variant, s.case) == key]
         a = [s for s in group if s.server == "A" and s.ok]
         b = [s for s in group if s.server == "B" and not s.cold and s.ok]
-        cold = next((s for s in group if s.cold and s.ok), None)
+        colds = [s for s in group if s.cold and s.ok]
         b_rss = [s.peak_rss_bytes for s in group if s.server == "B" and s.peak_rss_bytes]
         a_rss = [s.peak_rss_bytes for s in a if s.peak_rss_bytes]
         row = Row(
@@ -1119,8 +1125,8 @@ def summarise(samples: list[Sample]) -> list[Row]:
             _median([s.cpu_ns / 1e6 for s in a]), _median([s.cpu_ns / 1e6 for s in b]),
             _median([s.wall_s for s in a]), _median([s.wall_s for s in b]),
             _median([s.bytes_down for s in a]), _median([s.bytes_down for s in b]),
-            cold.cpu_ns / 1e6 if cold else None, cold.wall_s if cold else None,
-            cold.bytes_down if cold else None,
+            _median([s.cpu_ns / 1e6 for s in colds]), _median([s.wall_s for s in colds]),
+            _median([s.bytes_down for s in colds]),
             max(b_rss) / MB if b_rss else None, max(a_rss) / MB if a_rss else None)
         row.ratios = {"cpu": _ratio(row.b_cpu_ms, row.a_cpu_ms),
                       "wall": _ratio(row.b_wall_s, row.a_wall_s),
@@ -1274,6 +1280,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="gitspout's budgets for the whole run: its defaults, or "
                          "--max-open-packs 8 --cache-memory 8MiB")
     ap.add_argument("--rounds", type=int, default=None, help="A B rounds per case (default 3)")
+    ap.add_argument("--cold-runs", type=int, default=1,
+                    help="B cold runs per case, each on a freshly restarted gitspout; the "
+                         "cold figures are their median (default 1)")
     ap.add_argument("--b-arg", action="append", default=[], metavar="ARG",
                     help="an extra argument for gitspout serve (repeatable), e.g. "
                          "--b-arg=--pack-cache-ttl=0.001 (coalescing only, no hits across "
@@ -1304,6 +1313,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 sets.append(name)
     args.root_sets = sets
     args.rounds = args.rounds or 3
+    if args.cold_runs < 1:
+        ap.error("--cold-runs must be 1 or more")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     cases = [c.strip() for c in (args.cases or ",".join(DEFAULT_CASES)).split(",")
@@ -1368,7 +1379,7 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "root_sets": args.root_sets, "variants": args.variant_list, "cases": args.case_list,
-        "rounds": args.rounds, "quick": args.quick,
+        "rounds": args.rounds, "cold_runs": args.cold_runs, "quick": args.quick,
         "gitspout_commit": out(["git", "rev-parse", "HEAD"]),
         "gitspout_dirty": bool(out(["git", "status", "--porcelain", "--", "server",
                                     "protocol"])),
@@ -1489,7 +1500,7 @@ def run(args: argparse.Namespace) -> int:
                     for side in sides.values():
                         side.start()
                     bench = Bench(rs, args.variant_list, args.case_list, args.rounds, rtmp,
-                                  samples, sides, args.fleet_repos)
+                                  samples, sides, args.fleet_repos, args.cold_runs)
                     bench.run()
                     pushes.update(bench.pushes)
                 finally:
@@ -1540,8 +1551,9 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
     print("\n=== Results: A = git-http-backend (nginx+fcgiwrap), B = gitspout ===")
     print(f"medians over {args.rounds} alternating round(s) A B; B medians are WARM runs "
           "(gitspout's cross-request cache filled by the cold run)")
-    print("B cold = gitspout's first request after a restart (1 run, not in the median); "
-          "ratio = B/A")
+    print(f"B cold = gitspout's first request after a restart (median of "
+          f"{getattr(args, 'cold_runs', 1)} run(s), each after its own restart, not in the "
+          "warm median); ratio = B/A")
     print("cpu = server cgroup CPU (all processes); bytes = server->client on the wire; "
           "B peak RSS = VmHWM of the gitspout process; A peak RSS = largest VmHWM of one of "
           "its processes\n")
@@ -1597,7 +1609,8 @@ def reprint(path: Path) -> int:
           f"gitspout code: {meta.get('gitspout_code', meta.get('gitspout_commit'))})")
     rows = summarise(samples)
     report(rows, targets(rows, meta["root_sets"]), samples, data.get("log_problems", {}),
-           meta.get("seconds", 0.0), argparse.Namespace(rounds=meta["rounds"]))
+           meta.get("seconds", 0.0),
+           argparse.Namespace(rounds=meta["rounds"], cold_runs=meta.get("cold_runs", 1)))
     return 0
 
 
