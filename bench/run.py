@@ -489,7 +489,7 @@ class Sample:
     case: str
     server: str              # "A" or "B"
     impl: str                # "git-http-backend" or "gitspout"
-    run: int                 # 0 = cold gitspout run, 1.. = rounds
+    run: int                 # 0, -1, ... = cold gitspout runs, 1.. = rounds
     cold: bool
     cpu_ns: int = 0
     wall_s: float = 0.0
@@ -1016,7 +1016,9 @@ class Bench:
         print(f"  -- {case.name}: {self.cold_runs} B cold run(s), each on a restarted "
               f"gitspout, then {self.rounds} round(s) A B", flush=True)
         a, b = self.sides["A"], self.sides["B"]
-        plan: list[tuple[Side, int, bool]] = [(b, 0, True)] * self.cold_runs
+        # cold runs are numbered 0, -1, -2...: a case's state (a copy to fetch into) is named
+        # by its run
+        plan: list[tuple[Side, int, bool]] = [(b, -k, True) for k in range(self.cold_runs)]
         for r in range(1, self.rounds + 1):
             plan += [(a, r, False), (b, r, False)]
         states: list[Any] = []
