@@ -130,7 +130,7 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan,
     listed_only = False
     if isinstance(cached, Selection):
         selection = cached.fresh(ctx.odb.packs)
-    elif len(enum.objects) <= _cold_budget(ctx):
+    elif len(enum.objects) <= (max_objects if max_objects is not None else _cold_budget(ctx)):
         # Written afresh, no reverse index needed. Not kept: once the index is known,
         # entries are copied.
         selection = Selection([], [oid for oid, _ in enum.objects])

@@ -455,7 +455,7 @@ class ReusePackSource:
         self.stats.deltas += 1
 
     def _write_whole(self, oid: bytes, out: _Out, plan: PackPlan | None = None,
-                     rank: int = -1) -> Iterator[None]:
+                     rank: int = -1, loc: PackedLocation | str | None = None) -> Iterator[None]:
         """Write an object nothing could be reused for: as a new delta against the object
         at the same path in the parent commit when that base is sent too or the client has
         it (a thin pack), else whole. ``plan``/``rank`` say where it sits when it is an
@@ -467,7 +467,8 @@ class ReusePackSource:
         self.stats.generated += 1
         if plan is not None:
             self._regen[rank] = None
-        loc = self.odb.locate(oid, needed=True)
+        if loc is None:  # not located by the caller
+            loc = self.odb.locate(oid, needed=True)
         type_num, data = 0, None
         size = self.odb.packed_size(loc.pack, loc.offset)[1] \
             if isinstance(loc, PackedLocation) else 0
@@ -484,11 +485,12 @@ class ReusePackSource:
 
     def _write_listed(self, oid: bytes, out: _Out) -> Iterator[None]:
         """An object outside any plan: loose, or (``listed_only``) any object."""
+        loc = None
         if self.listed_only:
             loc = self.odb.locate(oid, needed=True)
             if isinstance(loc, PackedLocation) and self._keep_stored_delta(oid, loc, out):
                 return
-        yield from self._write_whole(oid, out)
+        yield from self._write_whole(oid, out, loc=loc)
 
     def _keep_stored_delta(self, oid: bytes, loc: PackedLocation, out: _Out) -> bool:
         """With ``listed_only``: send a stored delta as it is (inflated and deflated again,

@@ -54,25 +54,17 @@ def new_hash(hash_len: int) -> hashlib._Hash:
 
 
 def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool | None:
-    """:func:`trailer_matches` of the file at ``path``, read a MiB at a time (hashing
+    """:func:`trailer_matches` of the file at ``path``, through a map of its own (hashing
     releases the GIL). None when the file is gone, or is no longer inode ``inode``."""
     try:
         with open(path, "rb") as fh:
             st = os.fstat(fh.fileno())
             if inode is not None and st.st_ino != inode:
                 return None
-            left = st.st_size - hash_len
-            if left < 0:
+            if st.st_size <= hash_len:
                 return False
-            hasher = new_hash(hash_len)
-            buf = memoryview(bytearray(1 << 20))
-            while left > 0:
-                got = fh.readinto(buf[: min(left, len(buf))])
-                if not got:
-                    return False
-                hasher.update(buf[:got])
-                left -= got
-            return fh.read(hash_len) == hasher.digest()
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return trailer_matches(data, hash_len)
     except FileNotFoundError:
         return None
 

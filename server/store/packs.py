@@ -354,7 +354,7 @@ class PackFile:
         if kind in self.extra:
             return True
         cache = self.data_cache
-        return cache is not None and cache.get((self.key, kind)) is not None
+        return cache is not None and (self.key, kind) in cache
 
     def forget_derived(self, kind: str) -> None:
         """The cache let ``kind`` go: a later use computes it again (a request using it
