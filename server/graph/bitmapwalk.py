@@ -178,48 +178,69 @@ class BitmapIndex:
         bitmapped commit within a few steps and its closure covers the older roots (old
         tags), which are then skipped instead of walked. Returns the walked commits'
         (tree, commit, first parent), newest first, for :meth:`_walk_trees`.
+
+        A commit is looked up in the pack once, when it is first met (a root, or a
+        parent): one already in the closure is dropped there, before its date is read,
+        and the others carry their index position through the heap. Most roots of a
+        mirror clone (merged pull-request heads) and most parents at the edge of the
+        walk are in a bitmap's closure by then (docs/ARCHITECTURE.md, "Cold path").
         """
         bm = self.bm
-        commit = self.src.commit
-        infos: dict[bytes, CommitInfo] = {}  # each commit is asked for once or twice
-
-        def info(oid: bytes) -> CommitInfo:
-            found = infos.get(oid)
-            if found is None:
-                found = infos[oid] = commit(oid)
-            return found
+        commit, base_tree = self.src.commit, self.src.first_parent_tree
+        infos: dict[bytes, CommitInfo] = {}  # commits pushed: their date, then their walk
 
         pack = self.pack
-        heap: list[tuple[int, bytes]] = []
+        find, rank_of, bitmap_at = pack.find, pack.rank_of_index_pos, bm.bitmap_at
+        extra = reach.extra
         closures = 0
+        rest: list[tuple[bytes, int]] = []
         for oid in start:
-            pos = pack.find(oid)
-            closure = bm.bitmap_at(pos) if pos >= 0 else None
+            pos = find(oid)
+            closure = bitmap_at(pos) if pos >= 0 else None
             if closure is not None:
                 closures |= closure
             else:
-                heapq.heappush(heap, (-info(oid).time, oid))
+                rest.append((oid, pos))
         if closures:
             reach.bits = reach.bits | closures
+        heap: list[tuple[int, bytes, int]] = []
+        test = reach.test
+        for oid, pos in rest:
+            if (test(rank_of(pos)) if pos >= 0 else oid in extra):
+                continue
+            root = infos[oid] = commit(oid)
+            heap.append((-root.time, oid, pos))
+        heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
         trees: list[_TreeRoot] = []
         while heap:
-            _, oid = heapq.heappop(heap)
-            pos = pack.find(oid)
-            rank = pack.rank_of_index_pos(pos) if pos >= 0 else None
-            if reach.test(rank) if rank is not None else oid in reach.extra:
-                continue
+            _, oid, pos = pop(heap)
+            rank = rank_of(pos) if pos >= 0 else None
+            if reach.test(rank) if rank is not None else oid in extra:
+                continue  # met twice, or covered by a bitmap since it was pushed
             if rank is not None:
-                closure = bm.bitmap_at(pos)
+                closure = bitmap_at(pos)
                 if closure is not None:
                     reach.bits = reach.bits | closure
                     continue
             self.add(reach, oid, rank, OBJ_COMMIT)
-            found = info(oid)
+            found = infos[oid]  # every commit in the heap was read when pushed
             parents = found.parents
             for parent in parents:
-                heapq.heappush(heap, (-info(parent).time, parent))
-            first = parents[0] if parents else None
-            trees.append((found.tree, oid, first, infos[first].tree if first else None))
+                ppos = find(parent)
+                if reach.test(rank_of(ppos)) if ppos >= 0 else parent in extra:
+                    continue
+                known = infos.get(parent)
+                if known is None:
+                    known = infos[parent] = commit(parent)
+                push(heap, (-known.time, parent, ppos))
+            if not parents:
+                trees.append((found.tree, oid, None, None))
+                continue
+            first = parents[0]
+            base = infos.get(first)
+            ftree = base.tree if base is not None else base_tree(oid, found)
+            trees.append((found.tree, oid, first, ftree))
         return trees
 
     def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:
@@ -314,22 +335,36 @@ class BitmapIndex:
 
 class _ReachWalk(TreeDiffWalk):
     """Adds the trees and blobs of walked commits to a closure. The base tree of a commit
-    is in the closure already (see :meth:`BitmapIndex._walk_trees`)."""
+    is in the closure already (see :meth:`BitmapIndex._walk_trees`).
+
+    The closure's bits are tested and set on its byte view directly: the tree walk makes
+    no bulk OR, and these are its most frequent steps."""
 
     def __init__(self, bi: BitmapIndex, reach: Reach) -> None:
         self.src = bi.src
-        self.bi = bi
         self.reach = reach
+        self._find = bi.pack.find
+        self._rank_of = bi.pack.rank_of_index_pos
 
     def _met(self, oid: bytes, base: bytes | None, type_num: int) -> bool:
         """Add ``oid`` unless the closure has it; True when it was added. An object outside
         the bitmapped pack keeps its base as a delta hint."""
-        seen, rank = self.bi.lookup(self.reach, oid)
-        if seen:
+        reach = self.reach
+        pos = self._find(oid)
+        if pos >= 0:
+            rank = self._rank_of(pos)
+            view = reach._view()
+            bit = 1 << (rank & 7)
+            if view[rank >> 3] & bit:
+                return False
+            view[rank >> 3] |= bit
+            reach._int_stale = True
+            return True
+        if oid in reach.extra:
             return False
-        self.bi.add(self.reach, oid, rank, type_num)
-        if base is not None and rank is None:
-            self.reach.hints[oid] = base
+        reach.extra[oid] = type_num
+        if base is not None:
+            reach.hints[oid] = base
         return True
 
     def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:

@@ -117,21 +117,15 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
 
 
 def _equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
-    """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``): the
-    range is halved with slice comparisons (memcmp), a few Python steps whatever the
-    length."""
-    if a[i : i + length] == b[j : j + length]:
+    """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``).
+
+    The two ranges are read as little-endian integers and XORed: the result is zero up to
+    the first differing byte, and its lowest set bit says which byte that is. All of it
+    runs in C, a dozen Python steps whatever the length."""
+    x = int.from_bytes(a[i : i + length], "little") ^ int.from_bytes(b[j : j + length], "little")
+    if not x:
         return length
-    lo, hi = 0, length  # lo bytes are equal, hi bytes are not
-    while hi - lo > 32:
-        mid = (lo + hi) >> 1
-        if a[i + lo : i + mid] == b[j + lo : j + mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[i + lo] == b[j + lo]:
-        lo += 1
-    return lo
+    return ((x & -x).bit_length() - 1) >> 3
 
 
 def _entry_at(buf: bytes, i: int, hash_len: int) -> tuple[int, bytes, bytes, int] | None:
@@ -257,10 +251,22 @@ class CommitSource:
             self._commits.put(oid, info, COMMIT_COST + PARENT_COST * len(info.parents))
         return info
 
+    def first_parent_tree(self, oid: bytes, info: CommitInfo) -> bytes | None:
+        """The root tree of the first parent of commit ``oid`` (whose ``info`` the caller
+        has): from the commit-graph at the parent's position when there is one."""
+        if not info.parents:
+            return None
+        if self.graph is not None:
+            try:
+                found = self.graph.first_parent_tree(oid)
+            except CommitGraphError:
+                found = None  # commit() reports it and parses from here on
+            if found is not None:
+                return found
+        return self.commit(info.parents[0]).tree
+
     def object_type(self, oid: bytes) -> int:
         if oid in self._commits or (self.graph is not None and self.graph.find(oid) >= 0):
-            return OBJ_COMMIT
-        if self.graph is not None and self.graph.find(oid) >= 0:
             return OBJ_COMMIT  # the commit-graph lists only commits: no pack lookup
         found = self.odb.object_size(oid)
         if found is None:

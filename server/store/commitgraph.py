@@ -172,6 +172,21 @@ class CommitGraph:
         time = ((high & 0x3) << 32) | low
         return tree, tuple(parents), time, high >> 2
 
+    def first_parent_tree(self, oid: bytes) -> bytes | None:
+        """The root tree of the first parent of commit ``oid`` (read at the parent's
+        position, which the entry gives: no second lookup), or None for a root commit
+        or a commit not in the graph."""
+        pos = self.find(oid)
+        if pos < 0:
+            return None
+        (p1,) = struct.unpack_from(">I", self._map, self._cdat + pos * self._width + self.hash_len)
+        if p1 == _NO_PARENT:
+            return None
+        if p1 >= self.count:
+            raise CommitGraphError(f"commit-graph parent position {p1} out of range")
+        at = self._cdat + p1 * self._width
+        return self._map[at : at + self.hash_len]
+
     def _edges(self, start: int) -> list[bytes]:
         if self._edge is None:
             raise CommitGraphError("commit-graph EDGE chunk missing")

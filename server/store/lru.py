@@ -158,16 +158,23 @@ class ByteLRU(Generic[V]):
         if self._parent is not None:
             self._parent.join(self)
 
-    # Hot paths (a walk asks for each commit several times): no helper calls, and the
-    # lock taken only by shared caches.
+    # Hot paths (a walk asks for each commit several times, a cold closure puts thousands
+    # of trees): few helper calls, the lock taken only by shared caches, and a request's
+    # own cache (unshared, in bytes) served by a path of its own.
 
     def get(self, key: Hashable, valid: Callable[[V], bool] | None = None) -> V | None:
         """The value of ``key``, or None. A value ``valid`` rejects (it was derived from a
         state that has changed since) counts as a miss; the next ``put`` replaces it."""
         lock = self._lock
-        if lock is not None:
-            lock.acquire()
-        try:
+        if lock is None:
+            item = self._data.get(key)
+            if item is None or (valid is not None and not valid(item[0])):
+                self.stats.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.stats.hits += 1
+            return item[0]  # last_use orders shared caches only
+        with lock:
             item = self._data.get(key)
             if item is None or (valid is not None and not valid(item[0])):
                 self.stats.misses += 1
@@ -176,9 +183,6 @@ class ByteLRU(Generic[V]):
             self.stats.hits += 1
             self.last_use = next(_ticks)
             return item[0]
-        finally:
-            if lock is not None:
-                lock.release()
 
     def put(self, key: Hashable, value: V, cost: int = 1, nbytes: int | None = None) -> bool:
         """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries, and
@@ -186,15 +190,53 @@ class ByteLRU(Generic[V]):
         evicting the least recently used values beyond the budget. False when the value
         costs more than an eighth of the budget (or of the shared one) and is not kept."""
         parent = self._parent
-        size = cost if self._bytes is None else (self.entry_bytes if nbytes is None else nbytes)
+        sizes = self._bytes
+        if self._lock is None and sizes is None:  # a request's own cache, in bytes
+            if cost > self._max_cost:
+                return False
+            data = self._data
+            old = data.pop(key, None)
+            if old is not None:
+                self._size -= old[1]
+            data[key] = (value, cost)
+            self._size += cost
+            if self._size > self.budget:
+                self._settle()
+            else:
+                self.held = self._size
+            return True
+        lock = self._lock
+        if sizes is None and lock is not None and parent is not None:
+            # A shared cache in bytes (the objects cache of a cold walk): the same steps
+            # as below, without those of the other kinds.
+            if cost > self._max_cost or cost > parent.limit >> 3:
+                return False
+            with lock:
+                data = self._data
+                before = self.held
+                old = data.pop(key, None)
+                if old is not None:
+                    self._size -= old[1]
+                    self.held -= old[1]
+                data[key] = (value, cost)
+                self._size += cost
+                self.held += cost
+                gone = self._over_budget() if self._size > self.budget else None
+                self.last_use = next(_ticks)
+                delta = self.held - before
+            if gone and self._on_evict is not None:
+                self._evicted(gone)
+            if delta:
+                parent.charge(delta)
+            return True
+        size = cost if sizes is None else (self.entry_bytes if nbytes is None else nbytes)
         if cost > self._max_cost or (parent is not None and size > parent.limit // 8):
             return False
         evicted: list[tuple[Hashable, V]] = []
-        lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
-            data, sizes = self._data, self._bytes
+            data = self._data
             before = self.held
             old = data.pop(key, None)
             if old is not None:
@@ -205,12 +247,8 @@ class ByteLRU(Generic[V]):
             self.held += size
             if sizes is not None:
                 sizes[key] = size
-            while self._size > self.budget:
-                k, (v, c) = data.popitem(last=False)
-                self._size -= c
-                self.held -= c if sizes is None else sizes.pop(k, 0)
-                self.stats.evictions += 1
-                evicted.append((k, v))
+            if self._size > self.budget:
+                evicted = self._over_budget()
             self.last_use = next(_ticks)
             delta = self.held - before
         finally:
@@ -221,6 +259,25 @@ class ByteLRU(Generic[V]):
         if parent is not None and delta:
             parent.charge(delta)
         return True
+
+    def _over_budget(self) -> list[tuple[Hashable, V]]:
+        """Evict the least recently used values until the budget holds (under the lock)."""
+        data, sizes = self._data, self._bytes
+        evicted: list[tuple[Hashable, V]] = []
+        while self._size > self.budget:
+            k, (v, c) = data.popitem(last=False)
+            self._size -= c
+            self.held -= c if sizes is None else sizes.pop(k, 0)
+            self.stats.evictions += 1
+            evicted.append((k, v))
+        return evicted
+
+    def _settle(self) -> None:
+        """:meth:`_over_budget` for the unshared path of :meth:`put`."""
+        self.held = self._size
+        evicted = self._over_budget()
+        if evicted and self._on_evict is not None:
+            self._evicted(evicted)
 
     def shed(self, nbytes: int) -> int:
         """Evict least recently used values until ``nbytes`` bytes are freed or none is

@@ -56,17 +56,21 @@ class EntryHeader(NamedTuple):
     base_oid: bytes | None = None
 
 
-def parse_entry_header(buf: bytes, offset: int, hash_len: int) -> EntryHeader:
-    """Decode the entry header in ``buf`` (read from pack ``offset``)."""
+def parse_entry_header(buf: bytes | memoryview, offset: int, hash_len: int) -> EntryHeader:
+    """Decode the entry header at the start of ``buf`` (read from pack ``offset``)."""
     c = buf[0]
     type_num = (c >> 4) & 7
     size = c & 15
-    shift, i = 4, 1
-    while c & 0x80:
-        c = buf[i]
-        i += 1
-        size |= (c & 0x7F) << shift
-        shift += 7
+    i = 1
+    if c & 0x80:
+        shift = 4
+        while True:
+            c = buf[i]
+            i += 1
+            size |= (c & 0x7F) << shift
+            if not c & 0x80:
+                break
+            shift += 7
     if type_num == OFS_DELTA:
         c = buf[i]
         i += 1
@@ -75,12 +79,12 @@ def parse_entry_header(buf: bytes, offset: int, hash_len: int) -> EntryHeader:
             c = buf[i]
             i += 1
             rel = ((rel + 1) << 7) | (c & 0x7F)
-        return EntryHeader(type_num, size, offset + i, base_offset=offset - rel)
+        return EntryHeader(type_num, size, offset + i, offset - rel, None)
     if type_num == REF_DELTA:
-        return EntryHeader(type_num, size, offset + i + hash_len, base_oid=buf[i : i + hash_len])
+        return EntryHeader(type_num, size, offset + i + hash_len, None, bytes(buf[i : i + hash_len]))
     if type_num not in TYPE_NAMES:
         raise PackFormatError(f"bad object type {type_num} at offset {offset}")
-    return EntryHeader(type_num, size, offset + i)
+    return EntryHeader(type_num, size, offset + i, None, None)
 
 
 def encode_ofs_distance(dist: int) -> bytes:
@@ -622,18 +626,24 @@ class PackFile:
         parsing an entry (docs/ARCHITECTURE.md, "Cold path")."""
         offs = self._sorted_offsets
         if offs is not None:
-            rank = bisect_left(offs, offset, 0, self.count)
-            if rank < self.count and offs[rank] == offset:
+            count = self.count
+            rank = bisect_left(offs, offset, 0, count)
+            if rank < count and offs[rank] == offset:
                 end = offs[rank + 1]
+                buf: bytes | memoryview | None = None
                 if windows is not None:
                     at = offset - offset % WINDOW
                     if end <= at + WINDOW:
-                        win = windows.get(self, at)
-                        buf = memoryview(win)[offset - at : end - at]
-                        return self.parse_header(bytes(buf[:_HEADER_READ]), offset), buf
-                if end - offset <= _WHOLE_READ:
-                    raw = os.pread(self.fd, end - offset, offset)
-                    return self.parse_header(raw[:_HEADER_READ], offset), raw
+                        buf = memoryview(windows.get(self, at))[offset - at : end - at]
+                if buf is None and end - offset <= _WHOLE_READ:
+                    buf = os.pread(self.fd, end - offset, offset)
+                if buf is not None:
+                    try:
+                        return parse_entry_header(buf, offset, self.hash_len), buf
+                    except PackFormatError as exc:
+                        raise self.corrupt(str(exc)) from None
+                    except IndexError:
+                        raise self.corrupt(f"truncated entry header at {offset}") from None
         return self.read_header(offset), None
 
     def inflate_entry(self, hdr: EntryHeader, buf: bytes | memoryview | None, offset: int
