@@ -119,13 +119,24 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
 def _equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
     """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``).
 
-    The two ranges are read as little-endian integers and XORed: the result is zero up to
-    the first differing byte, and its lowest set bit says which byte that is. All of it
-    runs in C, a dozen Python steps whatever the length."""
-    x = int.from_bytes(a[i : i + length], "little") ^ int.from_bytes(b[j : j + length], "little")
+    A long range is halved with slice comparisons (memcmp) down to 64 bytes or fewer; those
+    are read as little-endian integers and XORed, which is zero up to the first differing
+    byte, and its lowest set bit says which byte that is. A few Python steps whatever the
+    length, and the integers stay small (converting a whole tree costs more than halving)."""
+    lo, hi = 0, length
+    if length > 256:
+        if a[i : i + length] == b[j : j + length]:
+            return length
+        while hi - lo > 64:
+            mid = (lo + hi) >> 1
+            if a[i + lo : i + mid] == b[j + lo : j + mid]:
+                lo = mid
+            else:
+                hi = mid
+    x = int.from_bytes(a[i + lo : i + hi], "little") ^ int.from_bytes(b[j + lo : j + hi], "little")
     if not x:
-        return length
-    return ((x & -x).bit_length() - 1) >> 3
+        return hi
+    return lo + (((x & -x).bit_length() - 1) >> 3)
 
 
 def _entry_at(buf: bytes, i: int, hash_len: int) -> tuple[int, bytes, bytes, int] | None:
@@ -212,6 +223,7 @@ COMMIT_COST = 200
 PARENT_COST = 40
 TREES_BUDGET = 8 << 20  # bytes of raw trees
 TREE_COST = 100  # the LRU's own bookkeeping per tree
+GRAPH_POS_KEPT = 1 << 16  # commit-graph positions of peeled commits, kept for commit()
 
 
 class WalkTooLong(Exception):
@@ -227,12 +239,14 @@ class CommitSource:
         self.hex_len = odb.hash_len * 2
         self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
         self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False)
+        self._graph_pos: dict[bytes, int] = {}  # see object_type
 
     def commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
             # The commit-graph answers from a mapped file: no need to keep a copy.
             try:
-                entry = self.graph.entry(oid)
+                pos = self._graph_pos.pop(oid, None)
+                entry = self.graph.entry(oid) if pos is None else self.graph.entry_at(pos)
             except CommitGraphError as exc:
                 # Its checksum was right when it was opened: a git bug, or a file changed
                 # in place. This request parses commits from here on (ARCHITECTURE.md
@@ -266,8 +280,16 @@ class CommitSource:
         return self.commit(info.parents[0]).tree
 
     def object_type(self, oid: bytes) -> int:
-        if oid in self._commits or (self.graph is not None and self.graph.find(oid) >= 0):
-            return OBJ_COMMIT  # the commit-graph lists only commits: no pack lookup
+        if oid in self._commits:
+            return OBJ_COMMIT
+        if self.graph is not None:
+            pos = self.graph.find(oid)
+            if pos >= 0:
+                # The commit-graph lists only commits: no pack lookup. The position is
+                # kept for the commit() that follows (a want peeled, then walked).
+                if len(self._graph_pos) < GRAPH_POS_KEPT:
+                    self._graph_pos[oid] = pos
+                return OBJ_COMMIT
         found = self.odb.object_size(oid)
         if found is None:
             raise MissingObject(oid)

@@ -152,8 +152,10 @@ class CommitGraph:
     def entry(self, oid: bytes) -> GraphEntry | None:
         """(tree, parents, time, generation) of commit ``oid``, or None if not in the graph."""
         pos = self.find(oid)
-        if pos < 0:
-            return None
+        return None if pos < 0 else self.entry_at(pos)
+
+    def entry_at(self, pos: int) -> GraphEntry:
+        """:meth:`entry` of the commit at graph position ``pos`` (as :meth:`find` gave)."""
         m, h = self._map, self.hash_len
         at = self._cdat + pos * self._width
         tree = m[at : at + h]
