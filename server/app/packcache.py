@@ -9,8 +9,8 @@ it reads the file from its own descriptor, at its own pace, up to what the produ
 written, and frames the bytes for its own side-band (or none), progress (or no-progress)
 and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
 
-A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over an eighth
-of the cap) is not copied: the pack file already is the cached answer. Its producer only
+A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over 4 MiB or
+an eighth of the cap) is not copied: the pack file already is the cached answer. Its producer only
 decides that, once, for everyone waiting; the entry then names the pack (``verbatim``, by
 key) and each reader sends it from its own request's lease of the same pack, through the
 pool (packs may be on NFS). A clone storm on a monorepo computes its object set once and
@@ -62,6 +62,10 @@ READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k pack
 # reader would send megabytes (a loopback socket buffer) while every other request waits.
 YIELD_EVERY = 256 * 1024
 SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
+# A whole pack on disk larger than this (or than an eighth of the cap) is sent from the pack,
+# not copied: the pack file already is the answer, and writing dulwich's 27 MB pack into the
+# cache cost its cold clone about 30 ms of 300 (docs/ARCHITECTURE.md, "Pack cache").
+WHOLE_COPY_MAX = 4 << 20
 _END = object()
 
 
@@ -238,7 +242,8 @@ class PackCache:
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
             source = await loop.run_in_executor(executor, build_pack_source, ctx, plan)
-            if isinstance(source, WholePackSource) and source.pack.pack_size > self.max_bytes // 8:
+            if (isinstance(source, WholePackSource)
+                    and source.pack.pack_size > min(self.max_bytes // 8, WHOLE_COPY_MAX)):
                 entry.verbatim, entry.objects = source.pack.key, source.stats.objects
                 entry.done = True
                 return

@@ -64,11 +64,13 @@ def _bare(git: Git, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cache_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
-    """storm.git: 4 commits of 3 MiB incompressible blobs, one pack with a bitmap."""
+    """storm.git: 4 commits of 3 MiB incompressible blobs, one pack without a bitmap: a
+    clone's pack is made of the stored entries and goes through the cache file (a whole
+    pack on disk over 4 MiB would be sent from the pack: test_large_whole_pack_is_not_copied)."""
     root = tmp_path_factory.mktemp("packcache")
     repo = _bare(git, root / STORM)
     _blob_commits(git, repo, [BLOB_BYTES] * 4, seed=1)
-    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    git.run("--git-dir", str(repo), "repack", "-adq", "--no-write-bitmap-index")
     return root
 
 
@@ -422,8 +424,7 @@ def test_large_whole_pack_is_not_copied(git: Git, tmp_path: Path, cache_dir: Pat
     """A clone that gets the pack on disk as it is (every object reachable, bitmapped), a
     pack larger than an eighth of the cap: concurrent clones decide it once (one miss, the
     others hits or joins), each gets the pack file's bytes, and nothing is written to the
-    cache directory (a monorepo's clone would fill the cap with a copy of its pack). The
-    storm tests above cover a small whole pack, which is copied."""
+    cache directory (a monorepo's clone would fill the cap with a copy of its pack)."""
     root = tmp_path / "root"
     repo = _bare(git, root / "whole.git")
     _blob_commits(git, repo, [BLOB_BYTES] * 2, seed=7)
@@ -444,5 +445,30 @@ def test_large_whole_pack_is_not_copied(git: Git, tmp_path: Path, cache_dir: Pat
         assert m["gitspout_pack_cache_bytes"] == 0
         (sub,) = cache_dir.glob("gitspout-packcache-*")
         assert all(f.stat().st_size == 0 for f in sub.iterdir())
+    finally:
+        srv.stop()
+
+
+def test_small_whole_pack_is_copied(git: Git, tmp_path: Path, cache_dir: Path) -> None:
+    """A whole pack on disk of at most 4 MiB is copied into the cache like a generated one
+    (its readers then read a local file on the loop, no pool round trips): the first clone
+    writes it, the second is a hit, both get the pack file's bytes."""
+    root = tmp_path / "root"
+    repo = _bare(git, root / "small.git")
+    _blob_commits(git, repo, [1 << 20], seed=11)
+    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    (on_disk,) = (repo / "objects" / "pack").glob("pack-*.pack")
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        for i in range(2):
+            dest = tmp_path / f"s{i}.git"
+            assert wait_all(clone_procs(git, f"{srv.url}/small.git", [dest]))[0][0] == 0
+            fsck(git, dest)
+            assert pack_of(dest) == on_disk.read_bytes()
+        assert lookups(srv) == {"hit": 1, "miss": 1, "joined": 0, "bypass": 0}
+        m = metrics(srv)
+        assert m["gitspout_pack_cache_generated_bytes_total"] == on_disk.stat().st_size
+        (sub,) = cache_dir.glob("gitspout-packcache-*")
+        assert [f.stat().st_size for f in sub.iterdir()] == [on_disk.stat().st_size]
     finally:
         srv.stop()
