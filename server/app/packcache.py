@@ -9,13 +9,15 @@ it reads the file from its own descriptor, at its own pace, up to what the produ
 written, and frames the bytes for its own side-band (or none), progress (or no-progress)
 and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
 
-A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over 4 MiB or
-an eighth of the cap) is not copied: the pack file already is the cached answer. Its producer only
+A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over an eighth
+of the cap) is not copied: the pack file already is the cached answer. Its producer only
 decides that, once, for everyone waiting; the entry then names the pack (``verbatim``, by
 key) and each reader sends it from its own request's lease of the same pack, through the
 pool (packs may be on NFS). A clone storm on a monorepo computes its object set once and
 does not fill the cache directory with a copy of its pack. A smaller one is copied like any
-other: a reader of the local cache file costs less than pool round trips to the pack.
+other when several requests wait for it: a reader of the local cache file costs less than
+pool round trips to the pack. One request alone gains nothing from a copy: a whole pack
+over 4 MiB that only it waits for is sent from the pack, and the entry dropped.
 
 A producer that fails leaves its error on the entry: every reader sends it in-band once it
 has sent what was written (I4, P10), the file is removed, and the next request generates
@@ -62,9 +64,10 @@ READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k pack
 # reader would send megabytes (a loopback socket buffer) while every other request waits.
 YIELD_EVERY = 256 * 1024
 SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
-# A whole pack on disk larger than this (or than an eighth of the cap) is sent from the pack,
+# A whole pack on disk larger than this, asked for by one client alone, is sent from the pack,
 # not copied: the pack file already is the answer, and writing dulwich's 27 MB pack into the
-# cache cost its cold clone about 30 ms of 300 (docs/ARCHITECTURE.md, "Pack cache").
+# cache cost its cold clone about 30 ms of 300. Several clients share a copy, as readers of
+# a local file cost less than pool round trips (docs/ARCHITECTURE.md, "Pack cache").
 WHOLE_COPY_MAX = 4 << 20
 _END = object()
 
@@ -242,11 +245,14 @@ class PackCache:
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
             source = await loop.run_in_executor(executor, build_pack_source, ctx, plan)
-            if (isinstance(source, WholePackSource)
-                    and source.pack.pack_size > min(self.max_bytes // 8, WHOLE_COPY_MAX)):
-                entry.verbatim, entry.objects = source.pack.key, source.stats.objects
-                entry.done = True
-                return
+            if isinstance(source, WholePackSource) and source.pack.pack_size > WHOLE_COPY_MAX:
+                large = source.pack.pack_size > self.max_bytes // 8
+                if large or entry.readers <= 1:
+                    entry.verbatim, entry.objects = source.pack.key, source.stats.objects
+                    entry.done = True
+                    if not large:
+                        self._drop(entry, None)  # the next request decides again
+                    return
             it = make_iter(source)
             while entry.readers:
                 step = loop.run_in_executor(executor, _produce_step, it, fd)

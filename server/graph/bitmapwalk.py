@@ -343,6 +343,7 @@ class _ReachWalk(TreeDiffWalk):
     def __init__(self, bi: BitmapIndex, reach: Reach) -> None:
         self.src = bi.src
         self.reach = reach
+        self._pack = bi.pack
         self._find = bi.pack.find
         self._rank_of = bi.pack.rank_of_index_pos
 
@@ -359,7 +360,9 @@ class _ReachWalk(TreeDiffWalk):
                 return False
             view[rank >> 3] |= bit
             reach._int_stale = True
+            self.at = (self._pack, pos)
             return True
+        self.at = None
         if oid in reach.extra:
             return False
         reach.extra[oid] = type_num

@@ -20,6 +20,7 @@ from ..store.faults import report_unusable
 from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
+from ..store.packs import PackFile
 
 __all__ = ["CommitInfo", "CommitSource", "TreeChange", "WalkTooLong", "parse_commit", "parse_tag_target",
            "tree_entries"]
@@ -305,19 +306,25 @@ class CommitSource:
             oid, type_num = parse_tag_target(data, self.hex_len)
         return oid, type_num, tags
 
-    def tree_data(self, oid: bytes) -> bytes:
+    def tree_data(self, oid: bytes, at: tuple[PackFile, int] | None = None) -> bytes:
         """The raw content of tree ``oid``. A walk diffing each tree against its parent's
         meets most trees twice (first as a commit's, then as its child's base): the
-        request's ``trees`` cache answers the second time without a lookup in the pack."""
+        request's ``trees`` cache answers the second time without a lookup in the pack.
+        ``at`` is where the caller found it (pack, index position): no second lookup."""
         data = self._trees.get(oid)
         if data is None:
-            type_num, data = self.odb.read(oid)
+            if at is not None:
+                pack, pos = at
+                type_num, data = self.odb.read_packed(pack, pack.offset_at(pos))
+            else:
+                type_num, data = self.odb.read(oid)
             if type_num != OBJ_TREE:
                 raise ObjectStoreError(f"{oid.hex()} is not a tree")
             self._trees.put(oid, data, len(data) + TREE_COST)
         return data
 
-    def tree_changes(self, tree: bytes, base: bytes | None) -> list[TreeChange]:
+    def tree_changes(self, tree: bytes, base: bytes | None,
+                     at: tuple[PackFile, int] | None = None) -> list[TreeChange]:
         """The entries of tree ``tree`` that differ from the entry of the same name in tree
         ``base`` (all entries without a base), in tree order: (mode, id, the base's id at
         that name or None). Ids are binary.
@@ -326,9 +333,10 @@ class CommitSource:
         base with only some entries' ids changed: those are found from the bytes where the
         two differ, without parsing the entries in between (docs/ARCHITECTURE.md, "Cold
         path"). Anything else (entries added, removed or renamed) is a merge of the two
-        that parses only the entries where they differ (:func:`_merge_changes`).
+        that parses only the entries where they differ (:func:`_merge_changes`). ``at``:
+        where ``tree`` is, when the caller looked it up (:meth:`tree_data`).
         """
-        data = self.tree_data(tree)
+        data = self.tree_data(tree, at)
         if base is None:
             return [(mode, a2b_hex(hx), None) for _, mode, hx in self._parse(data)]
         old = self.tree_data(base)

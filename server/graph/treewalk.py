@@ -11,6 +11,7 @@ object skipped on both sides would never be sent).
 from __future__ import annotations
 
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE
+from ..store.packs import PackFile
 from .commits import CommitSource
 
 __all__ = ["TreeDiffWalk"]
@@ -22,6 +23,9 @@ class TreeDiffWalk:
 
     src: CommitSource
     reverse = False
+    at: tuple[PackFile, int] | None = None
+    """Set by :meth:`enter` when it looked the tree up: where it is, so that reading it
+    needs no second lookup."""
 
     def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:
         """A tree that differs from ``base``, the tree at its path in the base (if any),
@@ -43,7 +47,7 @@ class TreeDiffWalk:
             tree, old_tree, depth = stack.pop()
             if tree == old_tree or not self.enter(tree, old_tree, depth):
                 continue
-            found = changes(tree, old_tree)
+            found = changes(tree, old_tree, self.at)
             for mode, oid, old in reversed(found) if self.reverse else found:
                 if mode == MODE_GITLINK:
                     continue

@@ -472,3 +472,32 @@ def test_small_whole_pack_is_copied(git: Git, tmp_path: Path, cache_dir: Path) -
         assert [f.stat().st_size for f in sub.iterdir()] == [on_disk.stat().st_size]
     finally:
         srv.stop()
+
+
+def test_lone_clone_of_a_medium_whole_pack_is_not_copied(git: Git, tmp_path: Path,
+                                                         cache_dir: Path) -> None:
+    """A whole pack on disk over 4 MiB (and under an eighth of the cap) that one client
+    alone asks for is sent from the pack: nothing is written to the cache, and the next
+    lone clone decides again (a miss, not a hit). Concurrent clones share a copy
+    (bench.storm shows why: readers of a local file beat pool round trips to the pack)."""
+    root = tmp_path / "root"
+    repo = _bare(git, root / "medium.git")
+    _blob_commits(git, repo, [3 << 20, 3 << 20], seed=13)
+    git.run("--git-dir", str(repo), "repack", "-adq", "--write-bitmap-index")
+    (on_disk,) = (repo / "objects" / "pack").glob("pack-*.pack")
+    assert on_disk.stat().st_size > 4 << 20
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        for i in range(2):
+            dest = tmp_path / f"m{i}.git"
+            assert wait_all(clone_procs(git, f"{srv.url}/medium.git", [dest]))[0][0] == 0
+            fsck(git, dest)
+            assert pack_of(dest) == on_disk.read_bytes()
+        assert lookups(srv) == {"hit": 0, "miss": 2, "joined": 0, "bypass": 0}
+        m = metrics(srv)
+        assert m["gitspout_pack_cache_generated_bytes_total"] == 0
+        assert m["gitspout_pack_cache_bytes"] == 0
+        (sub,) = cache_dir.glob("gitspout-packcache-*")
+        assert list(sub.iterdir()) == []
+    finally:
+        srv.stop()
