@@ -17,7 +17,8 @@ pool (packs may be on NFS). A clone storm on a monorepo computes its object set 
 does not fill the cache directory with a copy of its pack. A smaller one is copied like any
 other when several requests wait for it: a reader of the local cache file costs less than
 pool round trips to the pack. One request alone gains nothing from a copy: a whole pack
-over 4 MiB that only it waits for is sent from the pack, and the entry dropped.
+over 4 MiB that only it waits for is sent from the pack, and the entry dropped, the first
+time; the second time its key comes alone it is copied, for the clones after it.
 
 A producer that fails leaves its error on the entry: every reader sends it in-band once it
 has sent what was written (I4, P10), the file is removed, and the next request generates
@@ -53,7 +54,7 @@ from ..core.stats import PackStats, Progress
 from ..packgen.packplan import build_pack_source
 from ..packgen.packsource import PackSource, WholePackSource
 from .errors import INTERNAL_ERROR, answer_for
-from .stream import PktWriter, pump_pack
+from .stream import PULL_END, PktWriter, pull_items, pump_pack
 
 __all__ = ["PackCache", "PackCacheCollector", "pack_key", "send_pack_cached"]
 
@@ -64,12 +65,12 @@ READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k pack
 # reader would send megabytes (a loopback socket buffer) while every other request waits.
 YIELD_EVERY = 256 * 1024
 SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
-# A whole pack on disk larger than this, asked for by one client alone, is sent from the pack,
-# not copied: the pack file already is the answer, and writing dulwich's 27 MB pack into the
-# cache cost its cold clone about 30 ms of 300. Several clients share a copy, as readers of
-# a local file cost less than pool round trips (docs/ARCHITECTURE.md, "Pack cache").
+# A whole pack on disk larger than this, asked for by one client alone for the first time, is
+# sent from the pack, not copied: the pack file already is the answer, and writing dulwich's
+# 27 MB pack into the cache cost its cold clone about 30 ms of 300. Several clients, or the
+# same key again, share a copy: a reader of a local file costs less than pool round trips
+# (docs/ARCHITECTURE.md, "Pack cache").
 WHOLE_COPY_MAX = 4 << 20
-_END = object()
 
 
 @dataclass
@@ -132,6 +133,7 @@ class PackCache:
         self.bytes = 0  # sum of the listed entries' sizes
         self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
         self.seen: OrderedDict[bytes, None] = OrderedDict()
+        self.alone: OrderedDict[bytes, None] = OrderedDict()  # see _first_alone
         self.stats = PackCacheStats()
         self._serial = 0
         self.producers: set[asyncio.Task[None]] = set()  # referenced until they end
@@ -162,6 +164,17 @@ class PackCache:
         self.seen[key] = None
         while len(self.seen) > SEEN_KEYS:
             self.seen.popitem(last=False)
+
+    def _first_alone(self, key: bytes) -> bool:
+        """True the first time a whole pack's key is asked for by one request alone (it is
+        then sent from the pack); the second time it is copied, for the requests after."""
+        if key in self.alone:
+            del self.alone[key]
+            return False
+        self.alone[key] = None
+        while len(self.alone) > SEEN_KEYS:
+            self.alone.popitem(last=False)
+        return True
 
     def _create(self, key: bytes, repo: str, now: float) -> _Entry | None:
         self._serial += 1
@@ -247,25 +260,24 @@ class PackCache:
             source = await loop.run_in_executor(executor, build_pack_source, ctx, plan)
             if isinstance(source, WholePackSource) and source.pack.pack_size > WHOLE_COPY_MAX:
                 large = source.pack.pack_size > self.max_bytes // 8
-                if large or entry.readers <= 1:
+                if large or (entry.readers <= 1 and self._first_alone(entry.key)):
                     entry.verbatim, entry.objects = source.pack.key, source.stats.objects
                     entry.done = True
                     if not large:
                         self._drop(entry, None)  # the next request decides again
                     return
             it = make_iter(source)
-            while entry.readers:
+            while entry.readers and not entry.done:
                 step = loop.run_in_executor(executor, _produce_step, it, fd)
-                item = await step
-                if item is _END:
-                    entry.done = True
-                    if ctx.pack_stats is not None:
-                        entry.objects = ctx.pack_stats.objects
-                    break
-                if isinstance(item, Progress):
-                    entry.progress.append((entry.size, item.text))
-                else:
-                    self._grew(entry, item)
+                for item in await step:
+                    if item is PULL_END:
+                        entry.done = True
+                        if ctx.pack_stats is not None:
+                            entry.objects = ctx.pack_stats.objects
+                    elif isinstance(item, Progress):
+                        entry.progress.append((entry.size, item.text))
+                    else:
+                        self._grew(entry, item)
                 entry.wake()
         except Exception as exc:  # every reader ends with it, in-band
             answer = answer_for(exc, entry.repo, started=True)
@@ -353,16 +365,20 @@ def _release_when_done(step: asyncio.Future[Any] | None, it: Iterator[Any] | Non
         step.add_done_callback(after)
 
 
-def _produce_step(it: Iterator[Any], fd: int) -> int | object:
-    """In the pool: the next item; pack bytes are appended to the file (their count is
-    returned), progress lines returned as they are."""
-    item: object = next(it, _END)
-    if isinstance(item, bytes | bytearray | memoryview):
-        view = memoryview(item)
-        while view:
-            view = view[os.write(fd, view):]
-        return len(item)
-    return item
+def _produce_step(it: Iterator[Any], fd: int) -> list[object]:
+    """In the pool: the next items (as :func:`~.stream.pull_items` pulls them, one pool
+    round trip per 512 KiB), pack bytes appended to the file and given as their count,
+    progress lines as they are, ``PULL_END`` last at the end."""
+    out: list[object] = []
+    for item in pull_items(it):
+        if isinstance(item, bytes | bytearray | memoryview):
+            view = memoryview(item)
+            while view:
+                view = view[os.write(fd, view):]
+            out.append(len(item))
+        else:
+            out.append(item)
+    return out
 
 
 def _tags_digest(ctx: RequestContext) -> bytes:

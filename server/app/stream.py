@@ -29,12 +29,15 @@ from gitspout.protocol.sideband import (
 
 from ..core.stats import Progress
 
-__all__ = ["PktWriter", "PktSection", "pump_pack", "cap_output"]
+__all__ = ["PktWriter", "PktSection", "pump_pack", "pull_items", "cap_output", "PULL_END"]
 
 _END = object()
+PULL_END = _END  # what pull_items ends with when the iterator is exhausted
 # PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
 # data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
 YIELD_EVERY = 1 << 20
+# Pack items are pulled from the pool this many bytes at a time (pull_items).
+PULL_BYTES = 512 << 10
 # Pack data is framed and written in slices of at most this many bytes, so that a large
 # item from the producer never sits in the transport whole (docs/ARCHITECTURE.md
 # "Memory caps").
@@ -231,25 +234,43 @@ async def pump_pack(
     """
     loop = asyncio.get_running_loop()
     it: Iterator[bytes | Progress] = await loop.run_in_executor(executor, make_iter)
-    fut: asyncio.Future[object] = loop.run_in_executor(executor, next, it, _END)
+    fut: asyncio.Future[list[object]] = loop.run_in_executor(executor, pull_items, it)
     try:
         while True:
             try:
-                item = await asyncio.wait_for(asyncio.shield(fut), keepalive)
+                items = await asyncio.wait_for(asyncio.shield(fut), keepalive)
             except TimeoutError:
                 await writer.keepalive()
                 continue
-            if item is _END:
+            if items[-1] is not _END:
+                fut = loop.run_in_executor(executor, pull_items, it)
+            for item in items:
+                if isinstance(item, Progress):
+                    if not no_progress:
+                        await writer.progress(item.text)
+                        await writer.drain()
+                elif isinstance(item, bytes):
+                    await writer.pack_data(item)
+            if items[-1] is _END:
                 break
-            fut = loop.run_in_executor(executor, next, it, _END)
-            if isinstance(item, Progress):
-                if not no_progress:
-                    await writer.progress(item.text)
-                    await writer.drain()
-            elif isinstance(item, bytes):
-                await writer.pack_data(item)
     finally:
         _close_when_done(fut, it, executor, loop)
+
+
+def pull_items(it: Iterator[Any], limit: int = PULL_BYTES) -> list[Any]:
+    """In the pool: the iterator's next items, until ``limit`` bytes of them, a progress
+    line, or the end (then ``_END`` is the last item). A pool round trip costs 100-250 us
+    of CPU here (thread wake-ups, futures): one per item made streaming dulwich's 27 MB
+    pack in 256 KiB items cost 35-60 ms, against 10 ms for the framing and writes alone."""
+    items: list[Any] = []
+    size = 0
+    while size < limit:
+        item: Any = next(it, _END)
+        items.append(item)
+        if item is _END or isinstance(item, Progress):
+            break
+        size += len(item)
+    return items
 
 
 def _close_when_done(fut: asyncio.Future[Any], it: Iterator[Any], executor: Executor,
