@@ -367,7 +367,7 @@ def _release_when_done(step: asyncio.Future[Any] | None, it: Iterator[Any] | Non
 
 def _produce_step(it: Iterator[Any], fd: int) -> list[object]:
     """In the pool: the next items (as :func:`~.stream.pull_items` pulls them, one pool
-    round trip per 512 KiB), pack bytes appended to the file and given as their count,
+    round trip per 256 KiB), pack bytes appended to the file and given as their count,
     progress lines as they are, ``PULL_END`` last at the end."""
     out: list[object] = []
     for item in pull_items(it):

@@ -37,7 +37,7 @@ PULL_END = _END  # what pull_items ends with when the iterator is exhausted
 # data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
 YIELD_EVERY = 1 << 20
 # Pack items are pulled from the pool this many bytes at a time (pull_items).
-PULL_BYTES = 512 << 10
+PULL_BYTES = 256 << 10
 # Pack data is framed and written in slices of at most this many bytes, so that a large
 # item from the producer never sits in the transport whole (docs/ARCHITECTURE.md
 # "Memory caps").
@@ -260,8 +260,9 @@ async def pump_pack(
 def pull_items(it: Iterator[Any], limit: int = PULL_BYTES) -> list[Any]:
     """In the pool: the iterator's next items, until ``limit`` bytes of them, a progress
     line, or the end (then ``_END`` is the last item). A pool round trip costs 100-250 us
-    of CPU here (thread wake-ups, futures): one per item made streaming dulwich's 27 MB
-    pack in 256 KiB items cost 35-60 ms, against 10 ms for the framing and writes alone."""
+    of CPU here (thread wake-ups, futures), so items (64 KiB pieces) come a batch at a
+    time; a batch is what a slow reader holds, plus the one prefetched (docs/ARCHITECTURE.md
+    "Memory caps")."""
     items: list[Any] = []
     size = 0
     while size < limit:
