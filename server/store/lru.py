@@ -166,23 +166,21 @@ class ByteLRU(Generic[V]):
         """The value of ``key``, or None. A value ``valid`` rejects (it was derived from a
         state that has changed since) counts as a miss; the next ``put`` replaces it."""
         lock = self._lock
-        if lock is None:
+        if lock is not None:
+            lock.acquire()
+        try:
             item = self._data.get(key)
             if item is None or (valid is not None and not valid(item[0])):
                 self.stats.misses += 1
                 return None
             self._data.move_to_end(key)
             self.stats.hits += 1
-            return item[0]  # last_use orders shared caches only
-        with lock:
-            item = self._data.get(key)
-            if item is None or (valid is not None and not valid(item[0])):
-                self.stats.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.stats.hits += 1
-            self.last_use = next(_ticks)
+            if lock is not None:  # last_use orders the shared caches only
+                self.last_use = next(_ticks)
             return item[0]
+        finally:
+            if lock is not None:
+                lock.release()
 
     def put(self, key: Hashable, value: V, cost: int = 1, nbytes: int | None = None) -> bool:
         """Keep ``value`` (``cost`` bytes; leave it at 1 in a cache counted in entries, and
