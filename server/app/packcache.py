@@ -160,10 +160,12 @@ class PackCache:
         self.stats.lookups[result] += 1
         return entry, result
 
-    def _remember(self, key: bytes) -> None:
-        self.seen[key] = None
-        while len(self.seen) > SEEN_KEYS:
-            self.seen.popitem(last=False)
+    def _remember(self, key: bytes, keys: OrderedDict[bytes, None] | None = None) -> None:
+        """Note ``key`` in ``keys`` (``seen`` unless told), the last SEEN_KEYS of them."""
+        keys = self.seen if keys is None else keys
+        keys[key] = None
+        while len(keys) > SEEN_KEYS:
+            keys.popitem(last=False)
 
     def _first_alone(self, key: bytes) -> bool:
         """True the first time a whole pack's key is asked for by one request alone (it is
@@ -171,9 +173,7 @@ class PackCache:
         if key in self.alone:
             del self.alone[key]
             return False
-        self.alone[key] = None
-        while len(self.alone) > SEEN_KEYS:
-            self.alone.popitem(last=False)
+        self._remember(key, self.alone)
         return True
 
     def _create(self, key: bytes, repo: str, now: float) -> _Entry | None:

@@ -73,6 +73,16 @@ class Reach:
     def test(self, rank: int) -> bool:
         return bool(self._view()[rank >> 3] >> (rank & 7) & 1)
 
+    def add_rank(self, rank: int) -> bool:
+        """Set bit ``rank``; False when it was set already (a test and a set in one)."""
+        view = self._view()
+        bit = 1 << (rank & 7)
+        if view[rank >> 3] & bit:
+            return False
+        view[rank >> 3] |= bit
+        self._int_stale = True
+        return True
+
     def set(self, rank: int) -> None:
         self._view()[rank >> 3] |= 1 << (rank & 7)
         self._int_stale = True
@@ -335,10 +345,8 @@ class BitmapIndex:
 
 class _ReachWalk(TreeDiffWalk):
     """Adds the trees and blobs of walked commits to a closure. The base tree of a commit
-    is in the closure already (see :meth:`BitmapIndex._walk_trees`).
-
-    The closure's bits are tested and set on its byte view directly: the tree walk makes
-    no bulk OR, and these are its most frequent steps."""
+    is in the closure already (see :meth:`BitmapIndex._walk_trees`). A tree it adds is
+    read from where its lookup found it (``at``)."""
 
     def __init__(self, bi: BitmapIndex, reach: Reach) -> None:
         self.src = bi.src
@@ -353,13 +361,8 @@ class _ReachWalk(TreeDiffWalk):
         reach = self.reach
         pos = self._find(oid)
         if pos >= 0:
-            rank = self._rank_of(pos)
-            view = reach._view()
-            bit = 1 << (rank & 7)
-            if view[rank >> 3] & bit:
+            if not reach.add_rank(self._rank_of(pos)):
                 return False
-            view[rank >> 3] |= bit
-            reach._int_stale = True
             self.at = (self._pack, pos)
             return True
         self.at = None

@@ -159,8 +159,7 @@ class ByteLRU(Generic[V]):
             self._parent.join(self)
 
     # Hot paths (a walk asks for each commit several times, a cold closure puts thousands
-    # of trees): few helper calls, the lock taken only by shared caches, and a request's
-    # own cache (unshared, in bytes) served by a path of its own.
+    # of trees): no helper calls but on eviction, and the lock taken only by shared caches.
 
     def get(self, key: Hashable, valid: Callable[[V], bool] | None = None) -> V | None:
         """The value of ``key``, or None. A value ``valid`` rejects (it was derived from a
@@ -189,48 +188,11 @@ class ByteLRU(Generic[V]):
         costs more than an eighth of the budget (or of the shared one) and is not kept."""
         parent = self._parent
         sizes = self._bytes
-        if self._lock is None and sizes is None:  # a request's own cache, in bytes
-            if cost > self._max_cost:
-                return False
-            data = self._data
-            old = data.pop(key, None)
-            if old is not None:
-                self._size -= old[1]
-            data[key] = (value, cost)
-            self._size += cost
-            if self._size > self.budget:
-                self._settle()
-            else:
-                self.held = self._size
-            return True
-        lock = self._lock
-        if sizes is None and lock is not None and parent is not None:
-            # A shared cache in bytes (the objects cache of a cold walk): the same steps
-            # as below, without those of the other kinds.
-            if cost > self._max_cost or cost > parent.limit >> 3:
-                return False
-            with lock:
-                data = self._data
-                before = self.held
-                old = data.pop(key, None)
-                if old is not None:
-                    self._size -= old[1]
-                    self.held -= old[1]
-                data[key] = (value, cost)
-                self._size += cost
-                self.held += cost
-                gone = self._over_budget() if self._size > self.budget else None
-                self.last_use = next(_ticks)
-                delta = self.held - before
-            if gone and self._on_evict is not None:
-                self._evicted(gone)
-            if delta:
-                parent.charge(delta)
-            return True
         size = cost if sizes is None else (self.entry_bytes if nbytes is None else nbytes)
         if cost > self._max_cost or (parent is not None and size > parent.limit // 8):
             return False
         evicted: list[tuple[Hashable, V]] = []
+        lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
@@ -247,7 +209,8 @@ class ByteLRU(Generic[V]):
                 sizes[key] = size
             if self._size > self.budget:
                 evicted = self._over_budget()
-            self.last_use = next(_ticks)
+            if lock is not None:  # last_use orders the shared caches only
+                self.last_use = next(_ticks)
             delta = self.held - before
         finally:
             if lock is not None:
@@ -269,13 +232,6 @@ class ByteLRU(Generic[V]):
             self.stats.evictions += 1
             evicted.append((k, v))
         return evicted
-
-    def _settle(self) -> None:
-        """:meth:`_over_budget` for the unshared path of :meth:`put`."""
-        self.held = self._size
-        evicted = self._over_budget()
-        if evicted and self._on_evict is not None:
-            self._evicted(evicted)
 
     def shed(self, nbytes: int) -> int:
         """Evict least recently used values until ``nbytes`` bytes are freed or none is

@@ -336,10 +336,6 @@ class ObjectSnapshot:
 
     def read(self, oid: bytes) -> tuple[int, bytes]:
         """Type number and content of ``oid``; raises :class:`MissingObject`."""
-        for pack in self.packs:  # the common case, without a location made
-            pos = pack.find(oid)
-            if pos >= 0:
-                return self.read_packed(pack, pack.offset_at(pos))
         loc = self.locate(oid, needed=True)
         if loc is None:
             raise MissingObject(oid)

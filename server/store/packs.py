@@ -605,7 +605,7 @@ class PackFile:
     def read_header(self, offset: int) -> EntryHeader:
         return self.parse_header(os.pread(self.fd, _HEADER_READ, offset), offset)
 
-    def parse_header(self, buf: bytes, offset: int) -> EntryHeader:
+    def parse_header(self, buf: bytes | memoryview, offset: int) -> EntryHeader:
         """:func:`parse_entry_header` of bytes read from this pack at ``offset``."""
         try:
             return parse_entry_header(buf, offset, self.hash_len)
@@ -638,12 +638,7 @@ class PackFile:
                 if buf is None and end - offset <= _WHOLE_READ:
                     buf = os.pread(self.fd, end - offset, offset)
                 if buf is not None:
-                    try:
-                        return parse_entry_header(buf, offset, self.hash_len), buf
-                    except PackFormatError as exc:
-                        raise self.corrupt(str(exc)) from None
-                    except IndexError:
-                        raise self.corrupt(f"truncated entry header at {offset}") from None
+                    return self.parse_header(buf, offset), buf
         return self.read_header(offset), None
 
     def inflate_entry(self, hdr: EntryHeader, buf: bytes | memoryview | None, offset: int
