@@ -24,7 +24,7 @@ import os
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .confine import LinkGuard
 from .fsops import FsOps
@@ -74,6 +74,10 @@ class Listing:
     entries: tuple[Entry, ...]
     trusted: bool
     links: frozenset[str] = frozenset()  # names of the entries that are symlinks
+    # What a reader made of this listing with the files it names (store/refs.py: the
+    # loose refs of one directory), kept for the listing's life: as the files cache, it
+    # holds while the directory's stat does. Filled only for trusted listings.
+    derived: dict[str, object] = field(default_factory=dict, compare=False)
 
     def names(self) -> dict[str, Entry]:
         return {e[0]: e for e in self.entries}
@@ -134,8 +138,9 @@ class DirCache:
         if not listing.trusted and self.enabled:
             fs.racy[path] = listing
         if self.enabled:
-            # What a listing holds: the object, and per entry a tuple, a name and an inode.
-            self._dirs.put(path, listing, nbytes=300 + 200 * len(listing.entries))
+            # What a listing holds: the object, and per entry a tuple, a name and an inode,
+            # and what ``derived`` may keep for it (a ref name and a tuple).
+            self._dirs.put(path, listing, nbytes=400 + 300 * len(listing.entries))
         return listing
 
     def check_links(self, fs: FsOps, dirpath: str, listing: Listing,

@@ -665,6 +665,15 @@ class _Reader:
             if listing is None:
                 continue
             self.saw(prefix, listing)
+            if self._whole(prefix, prefixes):
+                # Every ref below matches: this directory's refs as the last request read
+                # them, while its listing holds (the same validity as DirCache.file's).
+                known = self._directory(prefix, path, listing)
+                if known is not None:
+                    subdirs, refs = known
+                    stack.extend(subdirs)
+                    out.update(refs)
+                    continue
             for name, _ino, is_dir in listing.entries:
                 if not _valid_component(name):
                     continue
@@ -680,6 +689,40 @@ class _Reader:
                 if data is not None:
                     out[ref] = data.strip()
         return out
+
+    @staticmethod
+    def _whole(dirname: str, prefixes: Sequence[bytes]) -> bool:
+        """Does every ref under ``dirname/`` match one of the prefixes?"""
+        if not prefixes:
+            return True
+        d = dirname.encode("utf-8", "surrogateescape") + b"/"
+        return any(d.startswith(p) for p in prefixes)
+
+    def _directory(self, prefix: str, path: str, listing: Listing
+                   ) -> tuple[tuple[str, ...], tuple[tuple[bytes, bytes], ...]] | None:
+        """The subdirectories and the loose refs (name, stripped content) of one directory,
+        all of them, kept on its listing while that holds. None when they cannot be kept:
+        a racy listing, a symlink among the entries (the guard looks at it every time), a
+        file gone since the listing, or the caches off."""
+        if not (listing.trusted and self.dirs.enabled) or listing.links:
+            return None
+        known = listing.derived.get("loose-refs")
+        if known is None:
+            subdirs: list[str] = []
+            refs: list[tuple[bytes, bytes]] = []
+            for name, _ino, is_dir in listing.entries:
+                if not _valid_component(name):
+                    continue
+                full = prefix + "/" + name
+                if is_dir:
+                    subdirs.append(full)
+                    continue
+                data = self.dirs.file(self.fs, os.path.join(path, name), listing)
+                if data is None:
+                    return None
+                refs.append((full.encode("utf-8", "surrogateescape"), data.strip()))
+            known = listing.derived["loose-refs"] = (tuple(subdirs), tuple(refs))
+        return known  # type: ignore[return-value]
 
     def symref_targets(self, starts: Iterable[bytes], loose: dict[bytes, bytes],
                        prefixes: Sequence[bytes]) -> dict[bytes, bytes]:
