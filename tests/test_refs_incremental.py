@@ -3,7 +3,11 @@ parse, and loose refs are merged into the segments of their name range only."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import time
+from pathlib import Path
 
 from gitspout.protocol.refs import Ref
 from gitspout.server.store import refs as R
@@ -175,3 +179,57 @@ def test_file_read_by_blocks_parses_and_diffs_as_bytes(tmp_path, monkeypatch) ->
         assert len(reused) >= len(parsed.segments) - 3, step
         parsed = diffed
     assert parse_file(parsed) is parsed  # unchanged: the same parse
+
+
+def _age(path: str, stamp: int) -> None:
+    """Set a directory's mtime to ``stamp`` seconds before this test's start, so that its
+    listing is trusted (not racy)."""
+    t = (_T0 - stamp) * 1_000_000_000
+    os.utime(path, ns=(t, t))
+
+
+_T0 = int(time.time())
+
+
+def test_kept_loose_refs_of_a_directory_follow_its_changes(tmp_path: Path) -> None:
+    """A directory's loose refs are kept with its listing (_Reader._directory): a warm read
+    opens no ref file, and a ref that git moves, adds or deletes there is seen at once."""
+    from gitspout.server.store.fscache import DirCache
+    from gitspout.server.store.fsops import FsOps
+
+    repo = tmp_path / "r.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "--git-dir", str(repo), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    tree = git("hash-object", "-t", "tree", "-w", "--stdin")
+    c1 = git("commit-tree", "-m", "1", tree)
+    c2 = git("commit-tree", "-m", "2", tree)
+    for i in range(20):
+        git("update-ref", f"refs/heads/topic/b{i:02d}", c1)
+    heads = str(repo / "refs" / "heads")
+    dirs, cache = DirCache(), R.RefCache()
+
+    def read(stamp: int) -> tuple[dict[bytes, bytes], FsOps]:
+        for d in (str(repo), str(repo / "refs"), heads, heads + "/topic"):
+            _age(d, stamp)
+        fs = FsOps()
+        snap = R.read_ref_snapshot(str(repo), fs, dirs, cache, HEX, _no_peel)
+        return {r.name: r.oid for r in snap.refs}, fs
+
+    first, _ = read(100)
+    assert set(first.values()) == {c1.encode()} and len(first) == 20
+    again, fs = read(100)
+    assert again == first and fs.counts["open"] == 0  # kept: no ref file opened
+
+    git("update-ref", "refs/heads/topic/b07", c2)  # lock, write, rename: a new mtime
+    git("update-ref", "refs/heads/topic/new", c2)
+    git("update-ref", "-d", "refs/heads/topic/b03")
+    moved, _ = read(50)
+    expected = dict(first)
+    expected[b"refs/heads/topic/b07"] = expected[b"refs/heads/topic/new"] = c2.encode()
+    del expected[b"refs/heads/topic/b03"]
+    assert moved == expected
+    assert read(50)[0] == expected
