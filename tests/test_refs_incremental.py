@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -233,3 +234,51 @@ def test_kept_loose_refs_of_a_directory_follow_its_changes(tmp_path: Path) -> No
     del expected[b"refs/heads/topic/b03"]
     assert moved == expected
     assert read(50)[0] == expected
+
+
+def test_concurrent_ref_reads_are_shared_only_when_fresh() -> None:
+    """RefCache.shared_read: a request that arrived before a read began gets that read's
+    snapshot; one that arrived after it began never does, in progress or finished."""
+    cache = R.RefCache()
+
+    class Snap:
+        pass
+
+    began, release = threading.Event(), threading.Event()
+    calls: list[Snap] = []
+
+    def read() -> Snap:
+        calls.append(Snap())
+        began.set()
+        assert release.wait(10)
+        return calls[-1]
+
+    got: dict[str, object] = {}
+
+    def request(name: str, arrived: int) -> threading.Thread:
+        t = threading.Thread(target=lambda: got.__setitem__(
+            name, cache.shared_read((), arrived, read)))  # type: ignore[arg-type]
+        t.start()
+        return t
+
+    early = time.monotonic_ns()
+    first = request("first", early)
+    assert began.wait(10)
+    late = time.monotonic_ns()
+    joined, after = request("joined", early), request("after", late)
+    time.sleep(0.2)  # both are waiting for the first read
+    assert len(calls) == 1
+    release.set()
+    for t in (first, joined, after):
+        t.join(10)
+    assert len(calls) == 2
+    assert got["joined"] is got["first"] is calls[0]
+    assert got["after"] is calls[1]
+    # The newest finished read: taken while its snapshot lives, by requests that arrived
+    # before it began.
+    assert cache.shared_read((), early, read) is calls[1]  # type: ignore[arg-type]
+    assert cache.shared_read((), late, read) is calls[1]  # type: ignore[arg-type]
+    assert len(calls) == 2
+    now = time.monotonic_ns()
+    assert cache.shared_read((), now, read) is calls[2]  # type: ignore[arg-type]
+    assert cache.shared_read((b"refs/heads/",), early, read) is calls[3]  # type: ignore[arg-type]

@@ -63,6 +63,8 @@ class RequestContext:
     _tips: frozenset[bytes] | None = None
     _tips_key: tuple[object, ...] = ()
     _visible: tuple[HeadInfo | None, list[Ref]] | None = None
+    # When the request started (time.monotonic_ns): a ref read begun later is fresh enough
+    arrived: int = field(default_factory=time.monotonic_ns)
 
     # Who still uses this context: the handler, and each pool job running for it. The
     # packs the request froze are leased until the last of them lets go (store/registry.py).
@@ -126,9 +128,19 @@ class RequestContext:
     @property
     def refs(self) -> RefSnapshot:
         if self._refs is None:
-            self._refs = _read_refs(self.repo.gitdir, self.fs, self.dirs,
-                                    self.repo.ref_cache, self.hash_len * 2, self._peel)
+            self._refs = self._snapshot(())
         return self._refs
+
+    def _snapshot(self, prefixes: tuple[bytes, ...]) -> RefSnapshot:
+        """A snapshot of the refs under ``prefixes`` (all when empty), read for this
+        request or shared with concurrent ones (RefCache.shared_read)."""
+        cache = self.repo.ref_cache
+
+        def read() -> RefSnapshot:
+            return _read_refs(self.repo.gitdir, self.fs, self.dirs, cache, self.hash_len * 2,
+                              self._peel, prefixes)
+
+        return cache.shared_read(prefixes, self.arrived, read) if self.dirs.enabled else read()
 
     def _peel(self, oid_hex: bytes) -> bytes | None:
         """Peel a loose ref's value when it names a tag (cached process-wide by id)."""
@@ -180,9 +192,7 @@ class RequestContext:
         key = tuple(prefixes)
         snap = self._prefixed.get(key)
         if snap is None:
-            snap = self._prefixed[key] = _read_refs(
-                self.repo.gitdir, self.fs, self.dirs, self.repo.ref_cache, self.hash_len * 2,
-                self._peel, prefixes)
+            snap = self._prefixed[key] = self._snapshot(key)
         return snap
 
     def refs_state(self, kind: tuple[object, ...]) -> tuple[object, ...]:

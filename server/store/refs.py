@@ -12,6 +12,8 @@ from __future__ import annotations
 import binascii
 import os
 import threading
+import time
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -364,6 +366,67 @@ class RefCache:
         self._lock = threading.Lock()
         self._charged = 0
         self.last_packed: _LastPacked | None = None
+        # prefixes -> the read of them in progress (see shared_read); gone when it ends
+        self._reads: dict[tuple[bytes, ...], _SharedRead] = {}
+        # prefixes -> when the newest finished read of them started, and a weak reference
+        # to its snapshot (alive while a request or the snapshots cache holds it)
+        self._last: dict[tuple[bytes, ...], tuple[int, weakref.ref[RefSnapshot]]] = {}
+
+    def shared_read(self, prefixes: tuple[bytes, ...], arrived: int,
+                    read: Callable[[], RefSnapshot]) -> RefSnapshot:
+        """``read()``, or the result of a read of the same prefixes that another request
+        started after ``arrived`` (this request's start, ``time.monotonic_ns()``).
+
+        A read that started after the request did sees every ref change the request could
+        have been told of, just as its own would: the answer is as fresh. So concurrent
+        requests share reads. One that finds a read in progress that began before it
+        arrived waits for it to end, and then joins, or starts, the next one. A storm of
+        clones then reads the refs (1,626 directories stat'ed in a mirror of dulwich with
+        loose refs) about twice, not once per request. A request that waited in the pool's
+        queue (which runs a few jobs of one repository at a time) while a read began takes
+        its snapshot if that is still alive: finished reads are held by weak reference
+        only. It may wait: call it from the pool, as every ref read is, never from the
+        event loop."""
+        with self._lock:
+            last = self._last.get(prefixes)
+        if last is not None and last[0] >= arrived:
+            snap = last[1]()
+            if snap is not None:
+                return snap
+        mine: _SharedRead | None = None
+        for _ in range(_SHARED_ROUNDS):
+            with self._lock:
+                cur = self._reads.get(prefixes)
+                if cur is None:
+                    mine = self._reads[prefixes] = _SharedRead(time.monotonic_ns())
+                    break
+            if not cur.done.wait(_SHARED_WAIT):
+                break
+            if cur.started >= arrived and cur.snap is not None:
+                return cur.snap
+        if mine is None:
+            return read()
+        try:
+            mine.snap = read()
+            return mine.snap
+        finally:
+            with self._lock:
+                del self._reads[prefixes]
+                if mine.snap is not None:
+                    self._remember(prefixes, mine.started, mine.snap)
+            mine.done.set()
+
+    def _remember(self, prefixes: tuple[bytes, ...], started: int, snap: RefSnapshot) -> None:
+        """Note a finished read (under the lock), keeping a few keys."""
+        last = self._last.get(prefixes)
+        if last is None or last[0] < started:
+            self._last[prefixes] = (started, weakref.ref(snap))
+        if len(self._last) > _SHARED_KEYS:
+            for key, (_, ref) in list(self._last.items()):
+                if ref() is None:
+                    del self._last[key]
+            while len(self._last) > _SHARED_KEYS:
+                del self._last[min(self._last, key=lambda k: self._last[k][0])]
 
     def keep_packed(self, last: _LastPacked | None) -> None:
         """Hold ``last`` as the parse to diff against, counted in the budget."""
@@ -379,6 +442,22 @@ class RefCache:
         charged: int = getattr(self, "_charged", 0)
         if parent is not None and charged:
             parent._gone.append(charged)  # as ByteLRU.__del__: no lock here
+
+
+_SHARED_ROUNDS = 3  # reads waited for before a request reads on its own
+_SHARED_WAIT = 30.0  # seconds one wait may take (a read of 1M refs on slow NFS)
+_SHARED_KEYS = 16  # prefix sets whose last read is remembered (ls-refs of clones, fetches)
+
+
+class _SharedRead:
+    """A ref read in progress that later requests may wait for (RefCache.shared_read)."""
+
+    __slots__ = ("started", "done", "snap")
+
+    def __init__(self, started: int) -> None:
+        self.started = started
+        self.done = threading.Event()
+        self.snap: RefSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)

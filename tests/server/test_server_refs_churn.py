@@ -1,6 +1,6 @@
 """Ref advertisements while the refs change (issue 11): a loop of pushes, ref deletions,
 tag creations and ``git pack-refs --all`` runs beside ``git ls-remote`` over v0 and v2
-(with and without ``--heads``, a ref-prefix) against a live server. Every answer must equal
+(with and without ``--heads``, a ref-prefix), three at a time, against a live server. Every answer must equal
 the refs as ``git ls-remote file://`` saw them at a moment between the request's start and
 its end: no ref rolled back, none lost, none from a state that never was.
 
@@ -25,6 +25,7 @@ from gitutil import Git, LiveServer
 
 CHANGES = 60
 PACKED = 3000
+READERS = 3
 
 
 @dataclass
@@ -117,16 +118,29 @@ def test_ls_remote_under_churn_matches_a_moment(git: Git, server: LiveServer,
     url = f"{server.url}/{churn_repo.name}"
     variants = [(0, ()), (2, ()), (2, ("--heads",))]
     answers: list[tuple[int, tuple[str, ...], float, float, frozenset[str]]] = []
+
+    def reader(first: int) -> None:
+        # Several at once: concurrent requests share ref reads (RefCache.shared_read),
+        # and none may be given a read that began before it did.
+        try:
+            i = first
+            while changer.is_alive() or i < first + 3:
+                version, args = variants[i % len(variants)]
+                i += 1
+                t0 = time.monotonic()
+                got = _ls_remote(git, url, *args, version=version)
+                answers.append((version, args, t0, time.monotonic(), got))
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader, args=(k,)) for k in range(READERS)]
     changer.start()
     try:
-        i = 0
-        while changer.is_alive() or i < 3:
-            version, args = variants[i % len(variants)]
-            i += 1
-            t0 = time.monotonic()
-            got = _ls_remote(git, url, *args, version=version)
-            answers.append((version, args, t0, time.monotonic(), got))
+        for t in readers:
+            t.start()
     finally:
+        for t in readers:
+            t.join(timeout=300)
         stop.set()
         changer.join(timeout=120)
     assert not errors, errors
