@@ -279,6 +279,10 @@ def test_concurrent_ref_reads_are_shared_only_when_fresh() -> None:
     assert cache.shared_read((), early, read) is calls[1]  # type: ignore[arg-type]
     assert cache.shared_read((), late, read) is calls[1]  # type: ignore[arg-type]
     assert len(calls) == 2
+    # A read of every ref answers a request for some prefixes, never the other way round.
+    heads = (b"refs/heads/",)
+    assert cache.shared_read(heads, early, read) is calls[1]  # type: ignore[arg-type]
     now = time.monotonic_ns()
-    assert cache.shared_read((), now, read) is calls[2]  # type: ignore[arg-type]
-    assert cache.shared_read((b"refs/heads/",), early, read) is calls[3]  # type: ignore[arg-type]
+    assert cache.shared_read(heads, now, read) is calls[2]  # type: ignore[arg-type]
+    assert cache.shared_read((), now, read) is calls[3]  # type: ignore[arg-type]
+    assert cache.shared_read(heads, now, read) is calls[3]  # type: ignore[arg-type]

@@ -186,8 +186,10 @@ class RequestContext:
 
     def refs_with_prefixes(self, prefixes: Sequence[bytes]) -> RefSnapshot:
         """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
-        without reading every ref directory. Read once per request."""
-        if not prefixes or self._refs is not None:
+        without reading every ref directory. Read once per request. Prefixes that take in
+        all of ``refs/`` (a mirror clone's) read every ref: that read is the one a fetch
+        makes, and so may be shared with one (RefCache.shared_read)."""
+        if not prefixes or self._refs is not None or any(b"refs/".startswith(p) for p in prefixes):
             return self.refs
         key = tuple(prefixes)
         snap = self._prefixed.get(key)

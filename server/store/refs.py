@@ -374,23 +374,22 @@ class RefCache:
 
     def shared_read(self, prefixes: tuple[bytes, ...], arrived: int,
                     read: Callable[[], RefSnapshot]) -> RefSnapshot:
-        """``read()``, or the result of a read of the same prefixes that another request
-        started after ``arrived`` (this request's start, ``time.monotonic_ns()``).
+        """``read()``, or the result of a read of the same prefixes, or of every ref, that
+        another request started after ``arrived`` (this request's start,
+        ``time.monotonic_ns()``).
 
         A read that started after the request did sees every ref change the request could
         have been told of, just as its own would: the answer is as fresh. So concurrent
         requests share reads. One that finds a read in progress that began before it
         arrived waits for it to end, and then joins, or starts, the next one. A storm of
         clones then reads the refs (1,626 directories stat'ed in a mirror of dulwich with
-        loose refs) about twice, not once per request. A request that waited in the pool's
-        queue (which runs a few jobs of one repository at a time) while a read began takes
-        its snapshot if that is still alive: finished reads are held by weak reference
-        only. It may wait: call it from the pool, as every ref read is, never from the
-        event loop."""
-        with self._lock:
-            last = self._last.get(prefixes)
-        if last is not None and last[0] >= arrived:
-            snap = last[1]()
+        loose refs) a few times, not twice per clone: an ls-refs with prefixes also takes
+        a fetch's read of every ref. A request that waited in the pool's queue (which runs
+        a few jobs of one repository at a time) while a read began takes its snapshot if
+        that is still alive: finished reads are held by weak reference only. It may wait:
+        call it from the pool, as every ref read is, never from the event loop."""
+        for key in ((), prefixes) if prefixes else ((),):
+            snap = self._fresh(key, arrived)
             if snap is not None:
                 return snap
         mine: _SharedRead | None = None
@@ -415,6 +414,20 @@ class RefCache:
                 if mine.snap is not None:
                     self._remember(prefixes, mine.started, mine.snap)
             mine.done.set()
+
+    def _fresh(self, key: tuple[bytes, ...], arrived: int) -> RefSnapshot | None:
+        """The snapshot of a read of ``key`` begun after ``arrived``: finished and still
+        alive, or in progress (waited for); None when there is none."""
+        with self._lock:
+            last = self._last.get(key)
+            cur = self._reads.get(key)
+        if last is not None and last[0] >= arrived:
+            snap = last[1]()
+            if snap is not None:
+                return snap
+        if cur is not None and cur.started >= arrived and cur.done.wait(_SHARED_WAIT):
+            return cur.snap
+        return None
 
     def _remember(self, prefixes: tuple[bytes, ...], started: int, snap: RefSnapshot) -> None:
         """Note a finished read (under the lock), keeping a few keys."""
