@@ -362,6 +362,7 @@ def enumerate_objects(
         if type_num == OBJ_TREE:
             _walk_tree_keep_root(walker, oid)
     done: set[bytes] = set()
+    last: bytes | None = None  # the root tree walked last
     for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)
         base = None
@@ -372,7 +373,14 @@ def enumerate_objects(
         if info.parents and c not in cut and (info.parents[0] in done or info.parents[0] in bad):
             base = src.commit(info.parents[0]).tree
         walker.base_is_had = base is not None and info.parents[0] in bad
+        if base is None and last is not None:
+            # A shallow boundary (each tip of a --depth 1 clone) or a root: diffed against
+            # the tree walked last, which is done, so what both hold is listed already. Its
+            # objects are sent too, so they are the delta bases of the changed ones (the
+            # versions of the same paths), not the parent's, which are not sent.
+            base = last
         walker.walk(info.tree, base)
+        last = info.tree
         done.add(c)
     if tag_refs:
         include_tags(_Listed(out), tag_refs, bad | have_objects)

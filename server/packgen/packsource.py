@@ -27,13 +27,12 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dulwich.pack import create_delta
-
 from ..core.stats import PackStats, Progress
 from ..store.bigobjects import INFLATE, LARGE_OBJECT, PIECE, iter_loose
 from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packs import PackFile, encode_entry_header
+from .delta import line_delta
 from .layout import Layout, layout_for
 
 __all__ = [
@@ -56,7 +55,7 @@ __all__ = [
 # round trip (app/stream.py pull_items).
 CHUNK = 64 << 10
 READ_WINDOW = CHUNK
-NEW_DELTA_SECONDS = 0.05  # CPU a pack may spend in create_delta (ReusePackSource),
+NEW_DELTA_SECONDS = 0.05  # CPU a pack may spend making new deltas (ReusePackSource),
 NEW_DELTA_SECONDS_PER_OBJECT = 0.002  # plus this much for each object it holds
 
 
@@ -260,9 +259,9 @@ class ReusePackSource:
         # Every object is listed, none planned (no pack's reverse index is needed): a
         # stored delta is kept when its base is known (see _write_listed).
         self.listed_only = listed_only
-        # CPU seconds this pack may spend making new deltas: dulwich's create_delta costs
-        # about what the delta holds (0.1 ms for a line changed in a 130 KB file, 165 ms
-        # for 70 KB rewritten in one of 160 KB); past the budget objects go whole.
+        # CPU seconds this pack may spend making new deltas (packgen/delta.py: about a
+        # millisecond for a 69 KB file, plus reading the base); past the budget objects go
+        # whole.
         self._delta_budget = NEW_DELTA_SECONDS + NEW_DELTA_SECONDS_PER_OBJECT * selection.count
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
@@ -598,9 +597,9 @@ class ReusePackSource:
         if base_type != type_num:
             return False
         started = time.process_time()
-        delta = b"".join(create_delta(base_data, data))
+        delta = line_delta(base_data, data, len(data) // 2)
         self._delta_budget -= time.process_time() - started
-        if len(delta) > len(data) // 2:
+        if delta is None:
             return False
         if base_at is not None and self.ofs_delta:
             out.write(encode_entry_header(OFS_DELTA, len(delta), out.offset - base_at))

@@ -153,3 +153,64 @@ def test_push_is_refused(git, server, tmp_path, version):
                    cwd=work, check=False)
     assert proc.returncode != 0
     assert b"403" in proc.stderr or b"read-only" in proc.stderr
+
+
+def _pack_kib(git, path) -> int:  # type: ignore[no-untyped-def]
+    out = dict(line.split(": ") for line in git.out("count-objects", "-v", cwd=path).splitlines())
+    assert out["count"] == "0"  # nothing unpacked: the pack is as it was sent
+    return int(out["size-pack"])
+
+
+@pytest.mark.parametrize("version", ["0", "2"])
+def test_depth1_of_many_branches_deltifies_what_lost_its_base(git, server, tmp_path, version):
+    """A --depth 1 clone of every branch, where each branch's version of a big file is
+    stored as a delta against an older version the clone does not get: those are sent as
+    new deltas against another tip's version (packgen/delta.py), not whole. The same
+    objects as over file://, fsck-clean, and a pack near the size of C git's (whole, it is
+    several times that)."""
+    import random
+    import shutil
+    import uuid
+
+    name = f"branches-{uuid.uuid4().hex[:8]}.git"
+    work = tmp_path / "work"
+    git.run("init", "-q", "-b", "main", str(work))
+    rng = random.Random(7)
+    lines = [f"{i:05d} {rng.getrandbits(128):032x}\n" for i in range(3000)]
+    f = work / "big.txt"
+
+    def commit(msg: str) -> None:
+        f.write_text("".join(lines))
+        git.run("add", "big.txt", cwd=work)
+        git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", msg, cwd=work)
+
+    history = []
+    for v in range(12):  # main's history, growing: the versions the topics' are stored
+        lines += [f"main {v} {rng.getrandbits(64):016x}\n" for _ in range(40)]  # against
+        commit(f"main {v}")
+        history.append(list(lines))
+    for b in range(6):  # each a smaller version of an older main's (git deltifies it)
+        git.run("checkout", "-q", "-b", f"topic{b}", f"main~{2 + b}", cwd=work)
+        lines = history[-3 - b]
+        for _ in range(3):
+            del lines[rng.randrange(len(lines))]
+        commit(f"topic {b}")
+        git.run("checkout", "-q", "main", cwd=work)
+    # main's tip drops the file: the largest version, which git makes the base of the
+    # others, is then main~1's, not sent.
+    (work / "small.txt").write_text("x\n")
+    git.run("add", "small.txt", cwd=work)
+    git.run("rm", "-q", "big.txt", cwd=work)
+    git.run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "drop", cwd=work)
+    bare = server.root / name
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(bare))
+    git.run("repack", "-adfq", "--window=50", "--depth=50", cwd=bare)
+    try:
+        ours, theirs = clone_both(git, server, name, tmp_path, version, "--depth", "1",
+                                  "--no-single-branch", "--config", "fetch.unpackLimit=1")
+        state = assert_same(git, ours, theirs)
+        assert state.shallow
+        whole = 6 * len("".join(lines)) // 2 // 1024  # the topics' versions, deflated (hex)
+        assert _pack_kib(git, ours) < min(2 * _pack_kib(git, theirs) + 8, whole // 2)
+    finally:
+        shutil.rmtree(bare, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""New deltas, by lines, in time linear in the two objects.
+
+A pack sometimes holds an object whose stored base is not sent (the tips of a ``--depth 1``
+clone: each file's version is stored against an older one the client will not get). Sent
+whole, it costs a zlib pass over all of it and the bytes of all of it. Against the version
+of the same path that is sent (docs/ARCHITECTURE.md "Pack generation"), a delta is smaller
+and cheaper to compress, if making it is cheap. dulwich's ``create_delta`` is not, for
+this use: its time grows with the product of the sizes of what differs (69 KB with 5% of
+its lines changed: 17 ms; 200 KB unrelated: 1.3 s), where zlib takes 2-3 ms.
+
+This encoder finds copies by whole lines, as a line diff would: the base's lines go in a
+dict (first offset of each); a line of the target found there starts a copy, which is then
+extended as far as the bytes stay equal (slices compared, not lines), and what no copy
+covers is inserted. Unchanged stretches cost a few steps each, changed ones a dict lookup
+per line, so two versions of a 69 KB source file take a fraction of a millisecond. What it
+misses (a change inside a long line, binary data without newlines) comes out as inserts,
+and the caller sends the object whole when the delta is not much smaller.
+
+The format is git's (``patch-delta.c``): the two sizes as 7-bit varints, then copy
+instructions (``0x80`` with flag bits for the offset and size bytes present) and insert
+instructions (1 to 127 literal bytes). Copies are cut at 64 KiB, as git's encoder does.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate, count
+from operator import add
+
+__all__ = ["line_delta"]
+
+_MAX_COPY = 0x10000  # bytes one copy instruction may take (0 encodes 0x10000)
+_MAX_INSERT = 0x7F  # literal bytes one insert instruction may carry
+_MIN_COPY = 8  # a shorter line is cheaper inserted than copied, unless it extends a copy
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _copy(out: bytearray, offset: int, size: int) -> None:
+    while size > 0:
+        n = min(size, _MAX_COPY)
+        cmd = 0x80
+        args = bytearray()
+        for i in range(4):
+            byte = (offset >> (8 * i)) & 0xFF
+            if byte:
+                cmd |= 1 << i
+                args.append(byte)
+        stored = n if n < _MAX_COPY else 0  # 0x10000 is written as no size bytes
+        for i in range(3):
+            byte = (stored >> (8 * i)) & 0xFF
+            if byte:
+                cmd |= 0x10 << i
+                args.append(byte)
+        out.append(cmd)
+        out += args
+        offset += n
+        size -= n
+
+
+def _insert(out: bytearray, data: bytes | memoryview) -> None:
+    for at in range(0, len(data), _MAX_INSERT):
+        piece = data[at:at + _MAX_INSERT]
+        out.append(len(piece))
+        out += piece
+
+
+def _common(a: bytes, i: int, b: bytes, j: int) -> int:
+    """How many bytes from ``a[i:]`` and ``b[j:]`` on are equal: slices compared by
+    doubling steps, then halving (memcmp, a few Python steps per run, not per line)."""
+    n = max(0, min(len(a) - i, len(b) - j))
+    lo, step = 0, 64
+    while lo + step <= n and a[i + lo:i + lo + step] == b[j + lo:j + lo + step]:
+        lo += step
+        step *= 2
+    hi = min(n, lo + step)
+    if a[i + lo:i + hi] == b[j + lo:j + hi]:
+        return hi
+    while hi - lo > 1:  # the first lo bytes are equal, the first hi are not
+        mid = (lo + hi) // 2
+        if a[i + lo:i + mid] == b[j + lo:j + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def line_delta(base: bytes, target: bytes, limit: int) -> bytes | None:
+    """A delta that makes ``target`` from ``base``, or None once it would exceed ``limit``
+    bytes (the caller sends ``target`` whole then)."""
+    lines = base.split(b"\n")
+    # Line (without its newline) -> offset of its first occurrence, built at C speed: the
+    # later of two equal keys wins in a dict, so the lines go in from the last.
+    starts = list(map(add, accumulate(map(len, lines[:-1]), initial=0), count()))
+    first = dict(zip(reversed(lines), reversed(starts), strict=True))
+    out = bytearray(_varint(len(base)) + _varint(len(target)))
+    end = len(target)
+    pos = pending = 0  # the line looked at; where the bytes still to insert begin
+    while pos < end:
+        nl = target.find(b"\n", pos)
+        stop = end if nl < 0 else nl
+        found = first.get(target[pos:stop], -1) if stop - pos >= _MIN_COPY else -1
+        if found < 0:
+            pos = stop + 1
+            continue
+        if pending < pos:
+            _insert(out, memoryview(target)[pending:pos])
+        run = _common(target, pos, base, found)
+        _copy(out, found, run)
+        pos = pending = pos + run
+        if len(out) > limit:
+            return None
+        if pos < end and target[pos - 1] != 0x0A:  # the copy ended inside a line
+            nl = target.find(b"\n", pos)
+            pos = end if nl < 0 else nl + 1
+    if pending < end:
+        _insert(out, memoryview(target)[pending:end])
+    return bytes(out) if len(out) <= limit else None
