@@ -3,8 +3,8 @@
 A pack sometimes holds an object whose stored base is not sent (the tips of a ``--depth 1``
 clone: each file's version is stored against an older one the client will not get). Sent
 whole, it costs a zlib pass over all of it and the bytes of all of it. Against the version
-of the same path that is sent (docs/ARCHITECTURE.md "Pack generation"), a delta is smaller
-and cheaper to compress, if making it is cheap. dulwich's ``create_delta`` is not, for
+of the same path that is sent (docs/ARCHITECTURE.md, "Cold path", "New deltas"), a delta
+is smaller and cheaper to compress, if making it is cheap. dulwich's ``create_delta`` is not, for
 this use: its time grows with the product of the sizes of what differs (69 KB with 5% of
 its lines changed: 17 ms; 200 KB unrelated: 1.3 s), where zlib takes 2-3 ms.
 
@@ -12,7 +12,7 @@ This encoder finds copies by whole lines, as a line diff would: the base's lines
 dict (first offset of each); a line of the target found there starts a copy, which is then
 extended as far as the bytes stay equal (slices compared, not lines), and what no copy
 covers is inserted. Unchanged stretches cost a few steps each, changed ones a dict lookup
-per line, so two versions of a 69 KB source file take a fraction of a millisecond. What it
+per line, so two versions of a 69 KB source file take about a millisecond. What it
 misses (a change inside a long line, binary data without newlines) comes out as inserts,
 and the caller sends the object whole when the delta is not much smaller.
 
