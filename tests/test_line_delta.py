@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 
 from dulwich.pack import apply_delta
 from gitspout.server.packgen.delta import line_delta
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 
 _LINES = st.lists(st.sampled_from([b"\n", b"}\n", b"a\n", b"return x;\n", b"\r\n",
                                    b"a line long enough to copy\n", b"no newline",
-                                   b"\x00\xff binary"]) | st.binary(max_size=40),
+                                   b"\x00\xff binary", b"100644 setup.py\x00"]) |
+                  st.binary(max_size=40),
                   max_size=60)
 
 
@@ -29,9 +31,10 @@ def test_a_delta_makes_the_target(base_lines, target_lines, data) -> None:  # ty
         target_lines = [data.draw(st.sampled_from(base_lines)) if data.draw(st.booleans())
                         else line for line in target_lines]
     target = b"".join(target_lines)
-    delta = line_delta(base, target, 1 << 30)
-    assert delta is not None
-    assert _apply(base, delta) == target
+    for sep in (b"\n", b"\0"):
+        delta = line_delta(base, target, 1 << 30, sep)
+        assert delta is not None
+        assert _apply(base, delta) == target
 
 
 def test_long_copies_and_offsets_over_three_bytes() -> None:
@@ -51,3 +54,26 @@ def test_an_unrelated_target_is_refused_at_the_limit() -> None:
     target = os.urandom(50_000).hex().encode()
     assert line_delta(base, target, len(target) // 2) is None
     assert _apply(base, line_delta(base, target, 1 << 30) or b"") == target
+
+
+def test_trees_by_entries(git, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two versions of a real tree (one entry changed of 200): cut at NULs, the delta is a
+    few copies and one id; cut at newlines (which a tree has only inside its ids), copies
+    start only where an id happens to hold one, and the delta is several times larger."""
+    repo = tmp_path / "r.git"
+    git.run("init", "-q", "--bare", str(repo))
+    blobs = [git.out("hash-object", "-w", "--stdin", cwd=repo, input=f"{i}\n".encode()).strip()
+             for i in range(201)]
+
+    def tree(ids: list[str]) -> bytes:
+        spec = "".join(f"100644 blob {oid}\tfile{i:03d}.txt\n" for i, oid in enumerate(ids))
+        oid = git.out("mktree", cwd=repo, input=spec.encode()).strip()
+        return subprocess.run(["git", "--git-dir", str(repo), "cat-file", "tree", oid],
+                              check=True, capture_output=True).stdout
+
+    old, new = tree(blobs[:200]), tree(blobs[:100] + [blobs[200]] + blobs[101:200])
+    by_entries = line_delta(old, new, len(new) // 2, b"\0")
+    assert by_entries is not None and len(by_entries) < 80
+    assert _apply(old, by_entries) == new
+    by_lines = line_delta(old, new, 1 << 30)
+    assert by_lines is not None and len(by_lines) > 4 * len(by_entries)

@@ -94,10 +94,11 @@ def _common(a: bytes, i: int, b: bytes, j: int) -> int:
     return lo
 
 
-def line_delta(base: bytes, target: bytes, limit: int) -> bytes | None:
+def line_delta(base: bytes, target: bytes, limit: int, sep: bytes = b"\n") -> bytes | None:
     """A delta that makes ``target`` from ``base``, or None once it would exceed ``limit``
-    bytes (the caller sends ``target`` whole then)."""
-    lines = base.split(b"\n")
+    bytes (the caller sends ``target`` whole then). Lines end at ``sep``: a tree's entries
+    end at the NUL after their names (each piece is then an id and the next mode and name)."""
+    lines = base.split(sep)
     # Line (without its newline) -> offset of its first occurrence, built at C speed: the
     # later of two equal keys wins in a dict, so the lines go in from the last.
     starts = list(map(add, accumulate(map(len, lines[:-1]), initial=0), count()))
@@ -106,7 +107,7 @@ def line_delta(base: bytes, target: bytes, limit: int) -> bytes | None:
     end = len(target)
     pos = pending = 0  # the line looked at; where the bytes still to insert begin
     while pos < end:
-        nl = target.find(b"\n", pos)
+        nl = target.find(sep, pos)
         stop = end if nl < 0 else nl
         found = first.get(target[pos:stop], -1) if stop - pos >= _MIN_COPY else -1
         if found < 0:
@@ -119,8 +120,8 @@ def line_delta(base: bytes, target: bytes, limit: int) -> bytes | None:
         pos = pending = pos + run
         if len(out) > limit:
             return None
-        if pos < end and target[pos - 1] != 0x0A:  # the copy ended inside a line
-            nl = target.find(b"\n", pos)
+        if pos < end and target[pos - 1] != sep[0]:  # the copy ended inside a line
+            nl = target.find(sep, pos)
             pos = end if nl < 0 else nl + 1
     if pending < end:
         _insert(out, memoryview(target)[pending:end])

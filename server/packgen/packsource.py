@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from ..core.stats import PackStats, Progress
 from ..store.bigobjects import INFLATE, LARGE_OBJECT, PIECE, iter_loose
-from ..store.objformat import OFS_DELTA, REF_DELTA, new_hash
+from ..store.objformat import OBJ_TREE, OFS_DELTA, REF_DELTA, new_hash
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packs import PackFile, encode_entry_header
 from .delta import line_delta
@@ -597,7 +597,7 @@ class ReusePackSource:
         if base_type != type_num:
             return False
         started = time.process_time()
-        delta = line_delta(base_data, data, len(data) // 2)
+        delta = line_delta(base_data, data, len(data) // 2, b"\0" if type_num == OBJ_TREE else b"\n")
         self._delta_budget -= time.process_time() - started
         if delta is None:
             return False
