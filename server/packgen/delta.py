@@ -112,6 +112,8 @@ def line_delta(base: bytes, target: bytes, limit: int, sep: bytes = b"\n") -> by
         found = first.get(target[pos:stop], -1) if stop - pos >= _MIN_COPY else -1
         if found < 0:
             pos = stop + 1
+            if len(out) + pos - pending > limit:  # the inserts alone are too many
+                return None
             continue
         if pending < pos:
             _insert(out, memoryview(target)[pending:pos])
