@@ -57,9 +57,10 @@ def test_an_unrelated_target_is_refused_at_the_limit() -> None:
 
 
 def test_trees_by_entries(git, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Two versions of a real tree (one entry changed of 200): cut at NULs, the delta is a
-    few copies and one id; cut at newlines (which a tree has only inside its ids), copies
-    start only where an id happens to hold one, and the delta is several times larger."""
+    """Two versions of a real tree (two entries changed of 200, far apart): cut at NULs,
+    the delta is a few copies and two ids; cut at newlines (which a tree has only inside
+    its ids), copies start only where an id happens to hold one, and the delta between the
+    two changes is several times larger."""
     repo = tmp_path / "r.git"
     git.run("init", "-q", "--bare", str(repo))
     blobs = [git.out("hash-object", "-w", "--stdin", cwd=repo, input=f"{i}\n".encode()).strip()
@@ -71,7 +72,9 @@ def test_trees_by_entries(git, tmp_path) -> None:  # type: ignore[no-untyped-def
         return subprocess.run(["git", "--git-dir", str(repo), "cat-file", "tree", oid],
                               check=True, capture_output=True).stdout
 
-    old, new = tree(blobs[:200]), tree(blobs[:100] + [blobs[200]] + blobs[101:200])
+    changed = list(blobs[:200])
+    changed[20], changed[180] = blobs[200], blobs[200]
+    old, new = tree(blobs[:200]), tree(changed)
     by_entries = line_delta(old, new, len(new) // 2, b"\0")
     assert by_entries is not None and len(by_entries) < 80
     assert _apply(old, by_entries) == new
