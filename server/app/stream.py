@@ -31,8 +31,7 @@ from ..core.stats import Progress
 
 __all__ = ["PktWriter", "PktSection", "pump_pack", "pull_items", "cap_output", "PULL_END"]
 
-_END = object()
-PULL_END = _END  # what pull_items ends with when the iterator is exhausted
+PULL_END = object()  # what pull_items ends with when the iterator is exhausted
 # PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
 # data never makes a write wait, and 29 MB of ACK lines would otherwise go out in one go.
 YIELD_EVERY = 1 << 20
@@ -242,7 +241,7 @@ async def pump_pack(
             except TimeoutError:
                 await writer.keepalive()
                 continue
-            if items[-1] is not _END:
+            if items[-1] is not PULL_END:
                 fut = loop.run_in_executor(executor, pull_items, it)
             for item in items:
                 if isinstance(item, Progress):
@@ -251,7 +250,7 @@ async def pump_pack(
                         await writer.drain()
                 elif isinstance(item, bytes):
                     await writer.pack_data(item)
-            if items[-1] is _END:
+            if items[-1] is PULL_END:
                 break
     finally:
         _close_when_done(fut, it, executor, loop)
@@ -259,16 +258,16 @@ async def pump_pack(
 
 def pull_items(it: Iterator[Any], limit: int = PULL_BYTES) -> list[Any]:
     """In the pool: the iterator's next items, until ``limit`` bytes of them, a progress
-    line, or the end (then ``_END`` is the last item). A pool round trip costs 100-250 us
+    line, or the end (then ``PULL_END`` is the last item). A pool round trip costs 100-250 us
     of CPU here (thread wake-ups, futures), so items (64 KiB pieces) come a batch at a
     time; a batch is what a slow reader holds, plus the one prefetched (docs/ARCHITECTURE.md
     "Memory caps")."""
     items: list[Any] = []
     size = 0
     while size < limit:
-        item: Any = next(it, _END)
+        item: Any = next(it, PULL_END)
         items.append(item)
-        if item is _END or isinstance(item, Progress):
+        if item is PULL_END or isinstance(item, Progress):
             break
         size += len(item)
     return items

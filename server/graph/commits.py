@@ -22,8 +22,8 @@ from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OB
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 from ..store.packs import PackFile
 
-__all__ = ["CommitInfo", "CommitSource", "TreeChange", "WalkTooLong", "parse_commit", "parse_tag_target",
-           "tree_entries"]
+__all__ = ["CommitInfo", "CommitSource", "TreeChange", "WalkTooLong", "equal_run", "parse_commit",
+           "parse_tag_target", "tree_entries"]
 
 TreeChange = tuple[int, bytes, bytes | None]
 """A tree entry that differs from its base: (mode, binary id, the base's id at its name)."""
@@ -94,7 +94,7 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
     """The changes between two trees of the same length whose bytes differ only inside
     entry ids (same modes, same names, same order), or None when they differ otherwise.
 
-    Each difference is found by comparing the bytes (:func:`_equal_run`); entry
+    Each difference is found by comparing the bytes (:func:`equal_run`); entry
     boundaries are found from the start of ``new`` only up to the last difference, and
     nothing is parsed past it. Identical bytes before an entry parse identically in both
     trees, so a difference that falls inside an id belongs to the same entry of both.
@@ -104,7 +104,7 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
     skip = _whole_entries(hash_len).match
     i = 0  # the start of an entry
     while True:
-        first = i + _equal_run(new, i, old, i, n - i)
+        first = i + equal_run(new, i, old, i, n - i)
         if first == n:
             return out
         m = skip(new, i, first)  # the entries that end before it
@@ -117,7 +117,7 @@ def _id_only_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] 
         i = end
 
 
-def _equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
+def equal_run(a: bytes, i: int, b: bytes, j: int, length: int) -> int:
     """How many bytes from ``a[i:]`` and ``b[j:]`` are equal (at most ``length``).
 
     A long range is halved with slice comparisons (memcmp) down to 64 bytes or fewer; those
@@ -174,7 +174,7 @@ def _merge_changes(new: bytes, old: bytes, hash_len: int) -> list[TreeChange] | 
     i = j = 0  # entry boundaries in new and old
     while i < n:
         if j < o:
-            same = _equal_run(new, i, old, j, min(n - i, o - j))
+            same = equal_run(new, i, old, j, min(n - i, o - j))
             if same == n - i:
                 return out  # the rest of new is the rest of old, or a prefix of it
             if same:
