@@ -177,7 +177,8 @@ def build_fixture_root(git: Git, root: Path, build: Path) -> None:
     _nonbare(git, work, root)
     _revert(git, build, root)
     # gitspout allows filters by default; C git (the file:// ground truth) needs this.
-    for name in ("basic.git", "plain.git", "hidden.git", "multipack.git", "sha256.git", "team/app"):
+    for name in ("basic.git", "plain.git", "hidden.git", "multipack.git", "sha256.git", "team/app",
+                 "revert.git", "revert-bitmap.git"):
         git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)
 
 

@@ -33,7 +33,14 @@ _TreeRoot = tuple[bytes, bytes | None, bytes | None, bytes | None]
 """(tree, the commit it is the root of, that commit's first parent, the parent's tree)."""
 
 __all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filter_supported",
-           "filter_needs_trees"]
+           "filter_walk_level", "ALL", "TREES", "COMMITS"]
+
+# What a closure holds of the commits no bitmap covers: their trees and blobs, their trees
+# only, or neither (the roots themselves are always in, and so is everything under a
+# bitmapped commit). A filter that drops those objects anyway needs no more
+# (:func:`filter_walk_level`); checking a want (reachability.py) needs ALL.
+ALL, TREES, COMMITS = "all", "trees", "commits"
+_LEVELS = (ALL, TREES, COMMITS)  # each answers the ones after it
 
 
 class Reach:
@@ -132,27 +139,26 @@ class BitmapIndex:
             reach.extra[oid] = type_num
 
     def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach],
-                     trees: bool = True) -> Reach:
-        """:meth:`reach`, remembered across requests by (pack, roots): a clone storm on one
-        ref state computes its object set once. Packs never change, so the key is exact.
-        A whole closure also answers a request that needs no trees (``trees=False``)."""
+                     level: str = ALL) -> Reach:
+        """:meth:`reach`, remembered across requests by (pack, roots, level): a clone storm
+        on one ref state computes its object set once. Packs never change, so the key is
+        exact. A closure of a fuller level answers a request for a lesser one."""
         key: tuple[object, ...] = (self.pack.key,
                                    hashlib.sha1(b"".join(sorted(set(roots)))).digest())
-        hit = cache.get(key)
-        if hit is None and not trees:
-            key = (*key, "commits")
-            hit = cache.get(key)
-        if hit is None:
-            hit = self.reach(roots, trees=trees)
-            cache.put(key, hit, hit.nbytes + 64 * len(hit.extra))
+        for held in _LEVELS[: _LEVELS.index(level) + 1]:
+            hit = cache.get(key if held == ALL else (*key, held))
+            if hit is not None:
+                return hit.copy()
+        hit = self.reach(roots, level=level)
+        cache.put(key if level == ALL else (*key, level), hit, hit.nbytes + 64 * len(hit.extra))
         return hit.copy()
 
     def reach(self, roots: Iterable[bytes], base: Reach | None = None,
-              trees: bool = True) -> Reach:
-        """Everything reachable from ``roots`` (binary ids of any type). With ``trees``
-        False, the trees and blobs of commits outside the bitmaps are left out (roots
-        themselves are always in): enough for a filter that drops every tree and blob
-        but the tips (:func:`filter_needs_trees`), and the slowest part of a cold closure."""
+              level: str = ALL) -> Reach:
+        """Everything reachable from ``roots`` (binary ids of any type), down to ``level``
+        for the commits outside the bitmaps. Their trees are the slowest part of a cold
+        closure, and their blobs a third of that walk: a filter that drops them
+        (:func:`filter_walk_level`) is answered without."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
         roots_t: list[_TreeRoot] = []
@@ -171,14 +177,14 @@ class BitmapIndex:
                 if not seen:
                     self.add(reach, target, rank, type_num)
         walked = self._walk_commits(reach, commits)
-        if not trees:
+        if level == COMMITS:
             for tree, _, _, _ in roots_t:
                 seen, rank = self.lookup(reach, tree)
                 if not seen:
                     self.add(reach, tree, rank, OBJ_TREE)
             return reach
         roots_t.extend(walked)
-        self._walk_trees(reach, roots_t)
+        self._walk_trees(reach, roots_t, blobs=level == ALL)
         return reach
 
     def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[_TreeRoot]:
@@ -253,14 +259,15 @@ class BitmapIndex:
             trees.append((found.tree, oid, first, ftree))
         return trees
 
-    def _walk_trees(self, reach: Reach, roots: list[_TreeRoot]) -> None:
+    def _walk_trees(self, reach: Reach, roots: list[_TreeRoot], blobs: bool = True) -> None:
         """Walk the trees of walked commits, oldest first. A commit's tree is diffed
         against its first parent's only when everything that tree reaches is already in
         the closure: the parent came from a bitmap, or its own walk is done. Otherwise an
-        object both share could be skipped on both sides and never sent."""
+        object both share could be skipped on both sides and never sent. Without
+        ``blobs``, the blobs the trees name are not looked up."""
         pending = {commit for _, commit, _, _ in roots if commit is not None}
         done: set[bytes] = set()
-        walker = _ReachWalk(self, reach)
+        walker = _ReachWalk(self, reach) if blobs else _TreeReachWalk(self, reach)
         for tree, commit, parent, parent_tree in reversed(roots):
             base = None
             if parent is not None and (parent not in pending or parent in done):
@@ -380,6 +387,13 @@ class _ReachWalk(TreeDiffWalk):
         self._met(oid, base, OBJ_BLOB)
 
 
+class _TreeReachWalk(_ReachWalk):
+    """A :class:`_ReachWalk` that leaves blobs out (level :data:`TREES`)."""
+
+    def blob(self, oid: bytes, base: bytes | None, depth: int) -> None:
+        pass
+
+
 class ReachSet:
     """A closure as include-tag sees it (``reachability.ObjectSet``)."""
 
@@ -394,14 +408,23 @@ class ReachSet:
         self.bi.add(self.reach, oid, self.bi.rank(oid), type_num)
 
 
-def filter_needs_trees(spec: FilterSpec | None) -> bool:
-    """False when ``spec`` drops every tree and blob other than the tips (tree:0,
-    object:type=commit or tag, alone or in a combine:): the closure need not walk trees."""
+def filter_walk_level(spec: FilterSpec | None) -> str:
+    """How much of the commits outside the bitmaps a closure for ``spec`` needs: COMMITS
+    when it drops every tree and blob but the tips (tree:0, object:type=commit or tag),
+    TREES when it drops every blob but the tips (blob:none, blob:limit=0,
+    object:type=tree), ALL otherwise; a combine: needs the least any of its filters does,
+    since they apply one after another."""
     if spec is None:
-        return True
-    return not any((isinstance(leaf, TreeDepth) and leaf.depth == 0)
-                   or (isinstance(leaf, ObjectType) and leaf.type_name in ("commit", "tag"))
-                   for leaf in iter_filter_leaves(spec))
+        return ALL
+    level = ALL
+    for leaf in iter_filter_leaves(spec):
+        if ((isinstance(leaf, TreeDepth) and leaf.depth == 0)
+                or (isinstance(leaf, ObjectType) and leaf.type_name in ("commit", "tag"))):
+            return COMMITS
+        if (isinstance(leaf, BlobNone) or (isinstance(leaf, BlobLimit) and leaf.limit == 0)
+                or (isinstance(leaf, ObjectType) and leaf.type_name == "tree")):
+            level = TREES
+    return level
 
 
 def bitmap_filter_supported(spec: FilterSpec | None) -> bool:

@@ -19,7 +19,7 @@ from ..graph.bitmapwalk import (
     Reach,
     ReachSet,
     bitmap_filter_supported,
-    filter_needs_trees,
+    filter_walk_level,
     open_bitmap_index,
 )
 from ..graph.commits import WalkTooLong
@@ -165,7 +165,7 @@ def _filtered_reach(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex
         if isinstance(hit, Reach):
             return hit.copy(), None
     reach = bi.reach_cached(wants, cache,  # type: ignore[arg-type]
-                            trees=filter_needs_trees(req.filter))
+                            level=filter_walk_level(req.filter))
     haves: Reach | None = None
     if plan.common:
         haves = bi.reach(plan.common)

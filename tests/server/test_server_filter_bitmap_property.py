@@ -28,10 +28,11 @@ from gitspout.server.core import answers
 from gitspout.server.core.fetch import plan_fetch
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
 from gitspout.server.packgen import layout, packplan, packsource
-from gitutil import Git
+from gitutil import Git, LiveServer, fsck, repo_state
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from packutil import pack_object_ids
+from rawhttp import parse_pkts, post_upload_pack, v2_command
 
 START = 1_660_000_000
 FILTERS = ["blob:none", "blob:limit=0", "blob:limit=60", "blob:limit=200", "tree:0", "object:type=commit",
@@ -213,3 +214,29 @@ def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: Histo
     finally:
         layout.WINDOW, packsource.READ_WINDOW = saved
         shutil.rmtree(gitdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("version", ["0", "2"])
+def test_blobless_closure_answers_no_blob_question(git: Git, server: LiveServer, tmp_path: Path,
+                                                   version: str) -> None:
+    """A blob:none clone of commits outside the bitmap keeps a closure without their blobs
+    (bitmapwalk.TREES). Right after it, by the same tips, object-info and a lazy fetch ask
+    about such blobs: they are answered from the whole closure, not that one."""
+    name = "revert-bitmap.git"
+    repo = server.root / name
+    ours, theirs = tmp_path / "ours.git", tmp_path / "theirs.git"
+    for url, dest in ((f"{server.url}/{name}", ours), (f"file://{repo}", theirs)):
+        git.run("-c", f"protocol.version={version}", "clone", "-q", "--mirror",
+                "--filter=blob:none", url, str(dest))
+    assert repo_state(git, ours).objects == repo_state(git, theirs).objects
+    blobs = [git.out("rev-parse", path, cwd=repo).strip()
+             for path in ("main:e/z.txt", "main~2:d/y.txt")]  # added after the bitmap
+    body = v2_command("object-info", args=("size", *(f"oid {b}" for b in blobs)))
+    resp = post_upload_pack(server.port, body, repo=name, version=2)
+    assert resp.status == 200 and resp.complete
+    sizes = [p.decode().split(" ") for p in parse_pkts(resp.body)[1:-1] if p is not None]
+    assert sizes == [[b, git.out("cat-file", "-s", b, cwd=repo).strip()] for b in blobs]
+    for blob in blobs:  # lazy fetches, by id
+        text = git.out("-c", f"protocol.version={version}", "cat-file", "-p", blob, cwd=ours)
+        assert text == git.out("cat-file", "-p", blob, cwd=repo)
+    fsck(git, ours)
