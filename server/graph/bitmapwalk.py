@@ -157,8 +157,8 @@ class BitmapIndex:
               level: str = ALL) -> Reach:
         """Everything reachable from ``roots`` (binary ids of any type), down to ``level``
         for the commits outside the bitmaps. Their trees are the slowest part of a cold
-        closure, and their blobs a third of that walk: a filter that drops them
-        (:func:`filter_walk_level`) is answered without."""
+        closure: a filter that drops them, or their blobs (:func:`filter_walk_level`), is
+        answered without looking them up."""
         reach = base if base is not None else self.new_reach()
         commits: list[bytes] = []
         roots_t: list[_TreeRoot] = []
