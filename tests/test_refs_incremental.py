@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from gitspout.protocol.refs import Ref
+from gitspout.server.store import packedrefs as P
+from gitspout.server.store import refcache as C
 from gitspout.server.store import refs as R
 from gitspout.server.store.errors import StorageError
 
@@ -31,7 +33,7 @@ def _file(entries: dict[bytes, tuple[bytes, bytes | None]], header: bytes) -> by
     return b"".join(out)
 
 
-def _refs(p: R._PackedRefs) -> list[Ref]:
+def _refs(p: P.PackedRefs) -> list[Ref]:
     return [r for s in p.segments for r in s.refs()]
 
 
@@ -47,7 +49,7 @@ def test_diffed_parse_equals_full_parse_and_reuses_segments() -> None:
     entries = {b"refs/heads/b%05d" % i: (_oid(rng), _oid(rng) if i % 7 == 0 else None)
                for i in range(0, 20000, 2)}
     data = _file(entries, HEADER)
-    parsed = R._parse_packed_refs(data, HEX, _no_peel)
+    parsed = P.parse_packed_refs(data, HEX, _no_peel)
     assert len(parsed) == len(entries)
     for step in range(60):
         op = rng.randrange(4)
@@ -62,8 +64,8 @@ def test_diffed_parse_equals_full_parse_and_reuses_segments() -> None:
             for _ in range(3):
                 entries[rng.choice(names)] = (_oid(rng), None)
         new = _file(entries, HEADER)
-        diffed = R._reparse_packed_refs(parsed, new, HEX, _no_peel)
-        full = R._parse_packed_refs(new, HEX, _no_peel)
+        diffed = P.reparse_packed_refs(parsed, new, HEX, _no_peel)
+        full = P.parse_packed_refs(new, HEX, _no_peel)
         assert _refs(diffed) == _refs(full), step
         # The segments are the file's own lines, in order: nothing else of it is kept.
         assert HEADER + b"".join(s.raw for s in diffed.segments) == new, step
@@ -79,13 +81,13 @@ def test_diffed_parse_equals_full_parse_and_reuses_segments() -> None:
 def test_header_change_and_unsorted_file_parse_fully() -> None:
     rng = random.Random(3)
     entries = {b"refs/tags/t%03d" % i: (_oid(rng), _oid(rng)) for i in range(50)}
-    old = R._parse_packed_refs(_file(entries, HEADER), HEX, _no_peel)
+    old = P.parse_packed_refs(_file(entries, HEADER), HEX, _no_peel)
     new = _file(entries, b"# pack-refs with: peeled sorted \n")
     peels: list[bytes] = []
-    diffed = R._reparse_packed_refs(old, new, HEX, lambda o: peels.append(o) or None)
+    diffed = P.reparse_packed_refs(old, new, HEX, lambda o: peels.append(o) or None)
     assert not diffed.fully_peeled and _refs(diffed) == _refs(old)
     unsorted = b"".join(_file({n: entries[n]}, b"") for n in reversed(sorted(entries)))
-    p = R._parse_packed_refs(unsorted, HEX, _no_peel)
+    p = P.parse_packed_refs(unsorted, HEX, _no_peel)
     assert not p.diffable and [r.name for r in _refs(p)] == sorted(entries)
     assert [r.peeled for r in _refs(p)] == [entries[n][1] for n in sorted(entries)]
 
@@ -96,7 +98,7 @@ def test_garbage_lines_raise_storage_error() -> None:
     rng = random.Random(8)
     entries = {b"refs/heads/b%05d" % i: (_oid(rng), None) for i in range(3000)}
     good = _file(entries, HEADER)
-    old = R._parse_packed_refs(good, HEX, _no_peel)
+    old = P.parse_packed_refs(good, HEX, _no_peel)
     at = good.index(b" refs/heads/b01500\n") - HEX  # the start of that line
     peel = b"^" + _oid(rng) + b"\n"
     for garbage in (b"not a ref line\n", b"\n", peel + peel,
@@ -104,8 +106,8 @@ def test_garbage_lines_raise_storage_error() -> None:
                     b"# comment\n", _oid(rng)[:-1] + b" refs/heads/short\n"):
         bad = good[:at] + garbage + good[at:]
         # Checked when the refs are first used (the split that encodes them anyway).
-        for parse in (lambda d: _refs(R._parse_packed_refs(d, HEX, _no_peel)),
-                      lambda d: _refs(R._reparse_packed_refs(old, d, HEX, _no_peel))):
+        for parse in (lambda d: _refs(P.parse_packed_refs(d, HEX, _no_peel)),
+                      lambda d: _refs(P.reparse_packed_refs(old, d, HEX, _no_peel))):
             try:
                 parse(bad)
             except StorageError as exc:
@@ -113,7 +115,7 @@ def test_garbage_lines_raise_storage_error() -> None:
             else:
                 raise AssertionError(f"{garbage!r} was accepted")
     try:
-        R._parse_packed_refs(good[:-1], HEX, _no_peel)
+        P.parse_packed_refs(good[:-1], HEX, _no_peel)
     except StorageError as exc:
         assert "unterminated" in str(exc)
     else:
@@ -123,8 +125,8 @@ def test_garbage_lines_raise_storage_error() -> None:
 def test_loose_refs_merge_into_their_segment_only() -> None:
     rng = random.Random(5)
     entries = {b"refs/heads/b%05d" % i: (_oid(rng), None) for i in range(5000)}
-    packed = R._parse_packed_refs(_file(entries, HEADER), HEX, _no_peel)
-    cache = R.RefCache()
+    packed = P.parse_packed_refs(_file(entries, HEADER), HEX, _no_peel)
+    cache = C.RefCache()
     a = _oid(rng)
     loose: dict[bytes, Ref | None] = {b"refs/heads/b02500": Ref(b"refs/heads/b02500", a),
                                       b"refs/heads/b00010": None,
@@ -152,20 +154,20 @@ def test_file_read_by_blocks_parses_and_diffs_as_bytes(tmp_path, monkeypatch) ->
     path = tmp_path / "packed-refs"
     fs = R.FsOps()
 
-    def parse_file(old: R._PackedRefs | None) -> R._PackedRefs:
+    def parse_file(old: P.PackedRefs | None) -> P.PackedRefs:
         fd = fs.open_or_none(str(path))
         assert fd is not None
         try:
-            f = R._File(fd, fs)
-            return R._parse_packed_refs(f, HEX, _no_peel) if old is None else \
-                R._reparse_packed_refs(old, f, HEX, _no_peel)
+            f = P.PackedFile(fd, fs)
+            return P.parse_packed_refs(f, HEX, _no_peel) if old is None else \
+                P.reparse_packed_refs(old, f, HEX, _no_peel)
         finally:
             import os
             os.close(fd)
 
     path.write_bytes(_file(entries, HEADER))
     parsed = parse_file(None)
-    assert _refs(parsed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+    assert _refs(parsed) == _refs(P.parse_packed_refs(path.read_bytes(), HEX, _no_peel))
     for step in range(20):
         names = sorted(entries)
         if step % 5 == 4:
@@ -175,7 +177,7 @@ def test_file_read_by_blocks_parses_and_diffs_as_bytes(tmp_path, monkeypatch) ->
         path.write_bytes(_file(entries, HEADER))
         diffed = parse_file(parsed)
         assert HEADER + b"".join(s.raw for s in diffed.segments) == path.read_bytes(), step
-        assert _refs(diffed) == _refs(R._parse_packed_refs(path.read_bytes(), HEX, _no_peel))
+        assert _refs(diffed) == _refs(P.parse_packed_refs(path.read_bytes(), HEX, _no_peel))
         reused = {id(s) for s in parsed.segments} & {id(s) for s in diffed.segments}
         assert len(reused) >= len(parsed.segments) - 3, step
         parsed = diffed
@@ -211,7 +213,7 @@ def test_kept_loose_refs_of_a_directory_follow_its_changes(tmp_path: Path) -> No
     for i in range(20):
         git("update-ref", f"refs/heads/topic/b{i:02d}", c1)
     heads = str(repo / "refs" / "heads")
-    dirs, cache = DirCache(), R.RefCache()
+    dirs, cache = DirCache(), C.RefCache()
 
     def read(stamp: int) -> tuple[dict[bytes, bytes], FsOps]:
         for d in (str(repo), str(repo / "refs"), heads, heads + "/topic"):
@@ -239,7 +241,7 @@ def test_kept_loose_refs_of_a_directory_follow_its_changes(tmp_path: Path) -> No
 def test_concurrent_ref_reads_are_shared_only_when_fresh() -> None:
     """RefCache.shared_read: a request that arrived before a read began gets that read's
     snapshot; one that arrived after it began never does, in progress or finished."""
-    cache = R.RefCache()
+    cache = C.RefCache()
 
     class Snap:
         pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from gitspout.server.store import packedrefs as P
 from gitspout.server.store import refs as R
 from gitspout.server.store.bitmaps import BitmapFormatError, decode_ewah
 from gitspout.server.store.errors import StorageError
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 OID = "a" * 40
 
 
-def _refs(parsed: R._PackedRefs) -> list[R.Ref]:
+def _refs(parsed: P.PackedRefs) -> list[R.Ref]:
     return [r for seg in parsed.segments for r in seg.refs()]
 
 
@@ -59,15 +60,15 @@ def test_packed_refs_lines_git_does_not_write_are_refused(text: bytes) -> None:
     for header in (b"", b"# pack-refs with: peeled fully-peeled sorted \n"):
         with pytest.raises(StorageError) as exc:
             # lines are checked when their segment is first used (store/refs.py)
-            _refs(R._parse_packed_refs(header + text, 40, lambda _oid: None))
+            _refs(P.parse_packed_refs(header + text, 40, lambda _oid: None))
         assert exc.value.kind == "packed-refs" and exc.value.what == "corrupt packed-refs"
 
 
 def test_packed_refs_as_git_writes_them_parse() -> None:
     text = (b"# pack-refs with: peeled fully-peeled sorted \n"
             + f"{OID} refs/heads/a\n{'b' * 40} refs/tags/t\n^{'c' * 40}\n".encode())
-    parsed = R._parse_packed_refs(text, 40, lambda _oid: None)
+    parsed = P.parse_packed_refs(text, 40, lambda _oid: None)
     refs = _refs(parsed)
     assert [(r.name, r.oid, r.peeled) for r in refs] == [
         (b"refs/heads/a", OID.encode(), None), (b"refs/tags/t", b"b" * 40, b"c" * 40)]
-    assert _refs(R._parse_packed_refs(b"", 40, lambda _oid: None)) == []
+    assert _refs(P.parse_packed_refs(b"", 40, lambda _oid: None)) == []

@@ -21,7 +21,8 @@ from gitspout.protocol.pktline import DEFAULT_CHUNK_SIZE, FLUSH_PKT, PktBuffer, 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_prefixes
 
 from ..graph.reachability import reachable_subset
-from ..store.refs import RefSegment, RefSnapshot
+from ..store.packedrefs import RefSegment
+from ..store.refsnapshot import RefSnapshot
 from .context import RequestContext
 
 __all__ = ["SESSION_ID", "v0_capabilities", "v0_advertisement", "v2_features", "v2_capabilities",

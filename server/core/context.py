@@ -24,7 +24,9 @@ from ..store.fscache import DirCache
 from ..store.fsops import FsOps
 from ..store.objformat import HASH_LEN
 from ..store.odb import ObjectSnapshot, PackRegistry
-from ..store.refs import TIP_BYTES, RefSnapshot, read_ref_snapshot
+from ..store.refcache import TIP_BYTES
+from ..store.refs import read_ref_snapshot
+from ..store.refsnapshot import RefSnapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats

@@ -15,7 +15,7 @@ The subclasses keep the names their modules have always used:
   an entry whose zlib data is garbage).
 - ``store.bitmaps.BitmapFormatError``, ``store.commitgraph.CommitGraphError``: auxiliary
   files; their readers fall back (a walk, parsed commits) instead of failing the request.
-- a ``StorageError`` of kind ``packed-refs`` (store/refs.py): a line of packed-refs that is
+- a ``StorageError`` of kind ``packed-refs`` (store/packedrefs.py): a line of packed-refs that is
   not one git writes.
 
 ``kind`` names the file at fault (``store/faults.py`` KINDS), for the metric.

@@ -22,7 +22,7 @@ from .confine import is_within
 from .fscache import DirCache
 from .fsops import FsOps
 from .lru import ByteLRU
-from .refs import RefCache
+from .refcache import RefCache
 
 __all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config"]
 

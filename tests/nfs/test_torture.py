@@ -338,7 +338,8 @@ def test_ref_snapshot_during_pack_refs(tmp_path: Path) -> None:
     packed-refs held before (which makes a client's want of the tip 'not our ref')."""
     from gitspout.server.store.fscache import DirCache
     from gitspout.server.store.fsops import FsOps
-    from gitspout.server.store.refs import RefCache, read_ref_snapshot
+    from gitspout.server.store.refcache import RefCache
+    from gitspout.server.store.refs import read_ref_snapshot
 
     repo, work = _bare_with_loose_tip(tmp_path)
     tip, old = _git(work, "rev-parse", "main"), _git(work, "rev-parse", "main~1")
