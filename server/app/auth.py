@@ -171,6 +171,10 @@ def load_access(path: str) -> Access:
     realm = str(data.get("realm", "gitspout"))
     if '"' in realm or "\\" in realm:
         raise ConfigError(f"auth file {path}: realm must not contain quotes or backslashes")
+    for key, kind in (("users", dict), ("access", list)):
+        if not isinstance(data.get(key, kind()), kind):
+            raise ConfigError(f"auth file {path}: {key} must be a "
+                              + ("table of name = hash" if kind is dict else "list of rules"))
     users: dict[str, bytes] = {}
     for name, hashed in dict(data.get("users", {})).items():
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")) \
@@ -184,10 +188,16 @@ def load_access(path: str) -> Access:
         if unknown:
             raise ConfigError(f"auth file {path}: unknown users {sorted(unknown)}")
     if users:
-        import bcrypt  # fail at start, not at the first request, when the extra is missing
-
-        del bcrypt
+        _bcrypt()  # fail at start, not at the first request, when the extra is missing
     return Access(realm, users, rules)
+
+
+def _bcrypt() -> Any:
+    try:
+        import bcrypt
+    except ImportError:
+        raise ConfigError("passwords need bcrypt: pip install 'gitspout[auth]'") from None
+    return bcrypt
 
 
 def _rule(path: str, i: int, entry: Any) -> Rule:
@@ -209,7 +219,6 @@ def repo_name(gitdir: str, root: str) -> str:
 
 
 def hash_password(password: str, rounds: int = 12) -> str:
-    """A bcrypt hash for the auth file."""
-    import bcrypt
-
+    """A bcrypt hash for the auth file (ConfigError without bcrypt)."""
+    bcrypt = _bcrypt()
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds)).decode()

@@ -54,38 +54,53 @@ GC_THRESHOLDS = (50_000, 20, 10)
 async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     """Run the server until SIGINT or SIGTERM."""
     install_log_filter()
-    state = ServerState.create(cfg)
-    # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that is
-    # the drain (docs/ARCHITECTURE.md "Drain and health").
-    runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics), access_log=None,
-                           shutdown_timeout=cfg.drain_timeout, **RUNNER_KWARGS)
-    await runner.setup()
-    limits = ConnectionLimits.from_config(cfg)
-    guard = ConnectionGuard(limits, state.metrics.connections)
-    _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
-    listeners = [await _listen_or_explain(runner, guard, cfg.host, cfg.port, **HANDLER_KWARGS)]
-    runners = [runner]
-    port = listeners[0].sockets[0].getsockname()[1]
-    if cfg.metrics_port:
-        # A guard of its own: scrapes go on while the serving port is at its cap.
-        metrics_guard = ConnectionGuard(replace(limits, max_connections=METRICS_CONNECTIONS),
-                                        state.metrics.connections)
-        metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
-        runners.append(metrics_runner)
-        listeners.append(metrics_listener)
-        print(f"gitspout: metrics at http://{cfg.host}:{cfg.metrics_port}/metrics", flush=True)
-    print(f"gitspout: serving {state.resolver.root} at http://{cfg.host}:{port}/", flush=True)
+    # Signals first: a SIGTERM while the server starts drains it like any other (the
+    # default action would kill it without removing its pack-cache directory).
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    gc.freeze()
-    if ready is not None:
-        ready.set()
+    state = ServerState.create(cfg)
+    listeners: list[asyncio.Server] = []
+    runners: list[web.AppRunner] = []
     try:
+        # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that
+        # is the drain (docs/ARCHITECTURE.md "Drain and health").
+        runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics),
+                               access_log=None, shutdown_timeout=cfg.drain_timeout,
+                               **RUNNER_KWARGS)
+        await runner.setup()
+        limits = ConnectionLimits.from_config(cfg)
+        guard = ConnectionGuard(limits, state.metrics.connections)
+        _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
+        # A runner whose listen failed was cleaned up by _listen_or_explain.
+        listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
+                                                  **HANDLER_KWARGS))
+        runners.append(runner)
+        port = listeners[0].sockets[0].getsockname()[1]
+        if cfg.metrics_port:
+            # A guard of its own: scrapes go on while the serving port is at its cap.
+            metrics_guard = ConnectionGuard(replace(limits, max_connections=METRICS_CONNECTIONS),
+                                            state.metrics.connections)
+            metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
+            runners.append(metrics_runner)
+            listeners.append(metrics_listener)
+            print(f"gitspout: metrics at {_url(cfg.host, cfg.metrics_port)}metrics", flush=True)
+        elif not cfg.public_metrics:
+            log.warning("--no-public-metrics without --metrics-port: /metrics is served nowhere")
+        print(f"gitspout: serving {state.resolver.root} at {_url(cfg.host, port)}", flush=True)
+        gc.freeze()
+        if ready is not None:
+            ready.set()
         await stop.wait()
     finally:
+        # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
+        # failed was cleaned up already.
         await _drain(state, listeners, runners, cfg.drain_timeout)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 async def _drain(state: ServerState, listeners: list[asyncio.Server],
@@ -97,7 +112,7 @@ async def _drain(state: ServerState, listeners: list[asyncio.Server],
     for listener in listeners:
         listener.close()  # stop accepting: a new connection is refused from now on
     busy = state.in_flight
-    log.info("draining: %d requests in flight, up to %.0f s (drain-timeout)", busy, timeout)
+    log.info("draining: %d requests in flight, up to %g s (drain-timeout)", busy, timeout)
     start = time.monotonic()
     for r in runners:
         await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
@@ -163,7 +178,11 @@ def _hash_password() -> int:
     if not password:
         print("gitspout: no password given", file=sys.stderr)
         return 2
-    print(hash_password(password))
+    try:
+        print(hash_password(password))
+    except ConfigError as exc:
+        print(f"gitspout: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

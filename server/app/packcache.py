@@ -34,6 +34,7 @@ it is local disk written moments ago (page cache), and a pool round trip per 64 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import logging
 import os
@@ -118,15 +119,55 @@ class PackCacheStats:
         ("size", "ttl", "failed"), 0))
 
 
+DIR_PREFIX = "gitspout-packcache-"
+ORPHAN_AGE = 60.0  # seconds: younger directories may be a starting server's, not locked yet
+
+
+def reclaim_orphans(base: str) -> int:
+    """Remove the cache directories in ``base`` that no live server holds (their server
+    was killed: close() never ran); how many. Each server holds an flock on its
+    directory, which the kernel releases when the process dies, however it dies."""
+    removed = 0
+    try:
+        found = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX) and e.is_dir()]
+    except OSError:
+        return 0
+    now = time.time()
+    for entry in found:
+        try:
+            if now - entry.stat().st_mtime < ORPHAN_AGE:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live server's
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("pack cache: removed %d directories of stopped servers from %s", removed, base)
+    return removed
+
+
 class PackCache:
     """The index of cache entries, the byte cap and the producers (see the module doc)."""
 
     def __init__(self, directory: str, max_bytes: int, ttl: float, on: str = "first") -> None:
         base = directory or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
+        reclaim_orphans(base)
         # A directory of our own: two servers sharing the base never touch each other's
-        # files, and shutdown removes everything this process wrote.
-        self.directory = tempfile.mkdtemp(prefix="gitspout-packcache-", dir=base)
+        # files, and shutdown removes everything this process wrote. It is locked while
+        # this process lives, so that a server started after a crash (an OOM kill keeps
+        # the emptyDir) removes it.
+        self.directory = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)
+        self._lock = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.max_bytes = max_bytes
         self.ttl = ttl
         self.second = on == "second"
@@ -241,6 +282,9 @@ class PackCache:
         for entry in list(self.entries.values()):
             self._drop(entry, None)
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     # -- producing ---------------------------------------------------------------
 

@@ -24,7 +24,7 @@ __all__ = ["FAULTS", "FaultCounts", "KINDS", "report_unusable"]
 
 log = logging.getLogger("gitspout")
 
-KINDS = ("pack", "idx", "rev", "bitmap", "commit-graph", "packed-refs", "object", "io")
+KINDS = ("pack", "idx", "rev", "bitmap", "commit-graph", "packed-refs", "config", "object", "io")
 _REPORTED_MAX = 10_000  # file versions remembered as reported (then forgotten at once)
 
 

@@ -9,22 +9,22 @@ what its own symlinks lead to (``confine.py``), unless ``--allow-symlinks-outsid
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dulwich.config import ConfigFile
 from gitspout.protocol.refs import parse_hide_pattern
 
 from .confine import is_within
 from .fscache import DirCache
 from .fsops import FsOps
+from .gitconfig import ConfigEntry, ConfigFileError, parse_config, read_config
 from .lru import ByteLRU
 from .refcache import RefCache
 
-__all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config"]
+__all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config", "repo_config"]
 
 log = logging.getLogger("gitspout")
 
@@ -56,75 +56,85 @@ class RepoConfig:
     unborn: str = "advertise"
 
 
-def _bool(cf: ConfigFile, section: tuple[bytes, ...], name: bytes, default: bool) -> bool:
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0", "")
+
+
+def _bool(value: str | None, what: str) -> bool:
+    """git's boolean: a bare key is true; an integer is true unless 0; anything else is
+    an error, as C git dies on it (``bad boolean config value``)."""
+    if value is None:
+        return True
+    low = value.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
     try:
-        value = cf.get_boolean(section, name)
-    except (KeyError, ValueError):
-        return default
-    return default if value is None else bool(value)
+        return int(low, 0) != 0
+    except ValueError:
+        raise ConfigFileError(f"bad boolean config value {value!r} for {what!r}") from None
 
 
-def _hide_refs(cf: ConfigFile) -> tuple[bytes, ...]:
-    out: list[bytes] = []
-    for section in cf.sections():
-        if section not in ((b"uploadpack",), (b"transfer",)):
-            continue
-        for key, value in cf.items(section):
-            if key.lower() == b"hiderefs" and value:
-                out.append(parse_hide_pattern(value))
-    return tuple(out)
-
-
-def _filter_config(cf: ConfigFile) -> tuple[dict[str, bool], bool, int | None]:
+def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
+    """The settings upload-pack reads, from a config's entries in file order: the last
+    value of a setting wins, and hideRefs collects every value in order (its last match
+    wins when a ref is checked)."""
+    flags = {"allowfilter": True, "allowrefinwant": False, "allowtipsha1inwant": False,
+             "allowreachablesha1inwant": False, "allowanysha1inwant": False,
+             "allowsidebandall": False}
+    hide: list[bytes] = []
     allow: dict[str, bool] = {}
-    default = _bool(cf, (b"uploadpackfilter",), b"allow", True)
+    default = True
     max_depth: int | None = None
-    for section in cf.sections():
-        if len(section) != 2 or section[0].lower() != b"uploadpackfilter":
-            continue
-        sub = section[1].decode("utf-8", "replace")
-        for key, value in cf.items(section):
-            if key.lower() == b"allow":
-                allow[sub] = value.lower() in (b"true", b"yes", b"on", b"1")
-            elif sub == "tree" and key.lower() == b"maxdepth" and value.isdigit():
-                max_depth = int(value)
+    fmt, unborn, sid = "sha1", "advertise", False
+    for e in entries:
+        what = ".".join(p for p in (e.section, e.subsection, e.key) if p is not None)
+        if e.subsection is None and e.section in ("uploadpack", "transfer") \
+                and e.key == "hiderefs":
+            if e.value is None:
+                raise ConfigFileError(f"missing value for {what!r}")
+            if e.value:
+                hide.append(parse_hide_pattern(e.value.encode("utf-8", "surrogateescape")))
+        elif e.section == "uploadpack" and e.subsection is None and e.key in flags:
+            flags[e.key] = _bool(e.value, what)
+        elif e.section == "uploadpackfilter":
+            if e.subsection is None and e.key == "allow":
+                default = _bool(e.value, what)
+            elif e.subsection is not None and e.key == "allow":
+                allow[e.subsection] = _bool(e.value, what)
+            elif e.subsection == "tree" and e.key == "maxdepth" and e.value is not None \
+                    and e.value.isdigit():
+                max_depth = int(e.value)
                 allow.setdefault("tree", True)
-    return allow, default, max_depth
-
-
-def parse_repo_config(data: bytes) -> RepoConfig:
-    """Parse a repository's ``config`` file text."""
-    try:
-        cf = ConfigFile.from_file(io.BytesIO(data))
-    except Exception:  # dulwich raises several types for a malformed file
-        return RepoConfig()
-    up = (b"uploadpack",)
-    fmt = b"sha1"
-    try:
-        fmt = cf.get((b"extensions",), b"objectformat").lower()
-    except KeyError:
-        pass
-    allow, default, max_depth = _filter_config(cf)
-    unborn = b"advertise"
-    try:
-        unborn = cf.get((b"lsrefs",), b"unborn").lower()
-    except KeyError:
-        pass
+        elif e.section == "extensions" and e.subsection is None and e.key == "objectformat" \
+                and e.value is not None:
+            fmt = e.value.lower()
+        elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn" \
+                and e.value is not None:
+            unborn = e.value.lower()
+        elif e.section == "transfer" and e.subsection is None and e.key == "advertisesid":
+            sid = _bool(e.value, what)
     return RepoConfig(
-        hide_refs=_hide_refs(cf),
-        allow_filter=_bool(cf, up, b"allowfilter", True),
-        allow_ref_in_want=_bool(cf, up, b"allowrefinwant", False),
-        allow_tip_sha1=_bool(cf, up, b"allowtipsha1inwant", False),
-        allow_reachable_sha1=_bool(cf, up, b"allowreachablesha1inwant", False),
-        allow_any_sha1=_bool(cf, up, b"allowanysha1inwant", False),
-        allow_sideband_all=_bool(cf, up, b"allowsidebandall", False),
+        hide_refs=tuple(hide),
+        allow_filter=flags["allowfilter"],
+        allow_ref_in_want=flags["allowrefinwant"],
+        allow_tip_sha1=flags["allowtipsha1inwant"],
+        allow_reachable_sha1=flags["allowreachablesha1inwant"],
+        allow_any_sha1=flags["allowanysha1inwant"],
+        allow_sideband_all=flags["allowsidebandall"],
         filter_allow=allow,
         filter_allow_default=default,
         tree_filter_max_depth=max_depth,
-        object_format=fmt.decode("ascii", "replace"),
-        advertise_sid=_bool(cf, (b"transfer",), b"advertisesid", False),
-        unborn=unborn.decode("ascii", "replace"),
+        object_format=fmt,
+        advertise_sid=sid,
+        unborn=unborn,
     )
+
+
+def parse_repo_config(data: bytes) -> RepoConfig:
+    """Parse a repository's ``config`` file text (includes not followed)."""
+    return repo_config(parse_config(data.decode("utf-8", "surrogateescape")))
 
 
 @dataclass
@@ -134,37 +144,76 @@ class Repo:
     url_path: str
     gitdir: str
     ref_cache: RefCache = field(default_factory=RefCache)
-    _config: tuple[tuple[int, ...], RepoConfig] | None = None
+    _config: _CachedConfig | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def objects_dir(self) -> str:
         return os.path.join(self.gitdir, "objects")
 
-    def config_key(self) -> tuple[int, ...]:
-        """Identity of the config last read (its inode)."""
-        return self._config[0] if self._config is not None else (0,)
+    def config_key(self) -> tuple[object, ...]:
+        """Identity of the config last read (what each of its files was)."""
+        return self._config.signature if self._config is not None else ()
 
     def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
-        """The repository config, re-read when the file is replaced (git rewrites it with
-        a lock file and a rename, which gives it a new inode).
+        """The repository config, with its includes, re-read when any of its files
+        changed: each is stat'ed per request (one stat without includes), as an edit in
+        place keeps the inode and the directory listing (a hideRefs appended with ``>>``
+        takes effect at once, as in C git).
 
         Every request reads this first (the hash length depends on it), before any ref or
         object: so this is where the git directory's own symlinks (``objects``, ``refs``,
-        ...) are checked, from the listing the config needs anyway."""
+        ...) are checked, from the listing the config needs anyway. An include that leads
+        outside the root is refused like such a symlink."""
         top = dirs.listing(fs, self.gitdir)
         if top is None:
             raise RepoNotFound(self.url_path)
         dirs.check_links(fs, self.gitdir, top, READ_ENTRIES)
-        entry = top.names().get("config")
-        key = (entry[1], *top.key) if entry else (0,)
         cached = self._config
-        if dirs.enabled and cached is not None and cached[0] == key:
-            return cached[1]
-        data = dirs.file(fs, os.path.join(self.gitdir, "config"), top) if entry else b""
-        cfg = parse_repo_config(data or b"")
-        self._config = (key, cfg) if top.trusted else ((-1,), cfg)
+        if dirs.enabled and cached is not None and \
+                _signature(fs, cached.files) == cached.signature:
+            return cached.cfg
+        main = os.path.join(self.gitdir, "config")
+
+        def read(path: str) -> bytes | None:
+            if path != main and dirs.guard is not None:
+                dirs.guard.check_real(f"{main} (include)", os.path.realpath(path))
+            return fs.read_file_or_none(path)
+
+        files: list[str] = []
+
+        def branch() -> str | None:
+            head = os.path.join(self.gitdir, "HEAD")
+            files.append(head)
+            raw = (fs.read_file_or_none(head) or b"").strip()
+            ref = raw[5:].strip() if raw.startswith(b"ref:") else b""
+            return ref[11:].decode("utf-8", "replace") if ref.startswith(b"refs/heads/") else None
+
+        # Stat before reading: a change while it is read is seen by the next request.
+        signature = _signature(fs, [main])
+        entries, read_files = read_config(main, read, self.gitdir, branch)
+        files = read_files + files
+        if len(files) > 1:
+            signature = _signature(fs, files)
+        cfg = repo_config(entries)
+        self._config = _CachedConfig(tuple(files), signature, cfg)
         return cfg
+
+
+@dataclass(frozen=True)
+class _CachedConfig:
+    files: tuple[str, ...]  # the config, what it includes, HEAD when onbranch: asked
+    signature: tuple[object, ...]  # what each was (stat), in that order
+    cfg: RepoConfig
+
+
+def _signature(fs: FsOps, paths: Iterable[str]) -> tuple[object, ...]:
+    out: list[object] = []
+    for path in paths:
+        st = fs.stat_or_none(path)
+        out.append(None if st is None else
+                   (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
 
 
 def _is_git_dir(path: str) -> bool:

@@ -35,10 +35,14 @@ VERSIONS = ("0", "2")
 #: FUSE requests per request of a warm server on an unchanged repository
 #: (attr/entry timeouts 0, i.e. NFS ``noac``): (metadata requests, all requests).
 #: Measured on the current server; see the module docstring.
+# Each includes a stat of config (5 FUSE requests under noac: an edit in place, of
+# hideRefs say, is seen at once, as C git, which reads the file every time); the v0 and
+# ls-refs ones a stat of packed-refs too (5 more: a rewrite in place, as C git's
+# stat_validity_check). Without them: 25, 3 and 25.
 BUDGETS = {
-    "info/refs v0": (25, 25),
-    "info/refs v2": (3, 3),
-    "ls-refs v2": (25, 25),
+    "info/refs v0": (35, 35),
+    "info/refs v2": (8, 8),
+    "ls-refs v2": (35, 35),
 }
 REPEATS = 10
 
