@@ -42,7 +42,7 @@ class ConfigEntry:
 
 
 _SECTION = re.compile(r'\[([A-Za-z0-9.-]+)(?:[ \t]+"((?:[^"\\\n]|\\.)*)")?\]')
-_KEY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)\s*(=?)")
+_KEY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)[ \t]*(=?)")
 _ESCAPES = {"n": "\n", "t": "\t", "b": "\b", "\\": "\\", '"': '"'}
 
 
@@ -81,7 +81,7 @@ def parse_config(text: str, name: str = "config") -> list[ConfigEntry]:
             pos = m.end()
         else:
             m = _KEY.match(text, pos)
-            if m is None or section is None:
+            if m is None:
                 raise _bad(name, line)
             value: str | None = None
             pos = m.end()
@@ -89,7 +89,10 @@ def parse_config(text: str, name: str = "config") -> list[ConfigEntry]:
                 value, pos, line = _value(text, pos, name, line)
             elif not _at_line_end(text, pos):
                 raise _bad(name, line)
-            out.append(ConfigEntry(section[0], section[1], m.group(1).lower(), value))
+            # git reads a variable before any section too (named as if the section
+            # were empty); none that upload-pack reads.
+            sec_name, sub_name = section if section is not None else ("", None)
+            out.append(ConfigEntry(sec_name, sub_name, m.group(1).lower(), value))
     return out
 
 
@@ -157,13 +160,12 @@ Reader = Callable[[str], bytes | None]
 """Reads a file for :func:`read_config` (None: it does not exist)."""
 
 
-def read_config(path: str, read: Reader, gitdir: str, branch: Callable[[], str | None],
+def read_config(path: str, read: Reader, gitdir: str,
                 depth: int = 0) -> tuple[list[ConfigEntry], list[str]]:
     """The entries of the config at ``path`` with its includes in place, and every file
-    read (so that a change to any of them is seen). ``gitdir`` and ``branch()`` (HEAD's
-    branch without ``refs/heads/``, asked only for an ``onbranch:`` condition) decide
-    ``includeIf`` conditions. A missing included file is skipped, as git does; an include
-    cycle is an error."""
+    read (so that a change to any of them is seen). ``gitdir`` decides ``includeIf
+    "gitdir:..."``. A missing included file is skipped, as git does; an include cycle is
+    an error."""
     if depth > MAX_INCLUDE_DEPTH:
         raise ConfigFileError(f"exceeded maximum include depth ({MAX_INCLUDE_DEPTH}) at {path}")
     data = read(path)
@@ -182,14 +184,14 @@ def read_config(path: str, read: Reader, gitdir: str, branch: Callable[[], str |
         if entry.section == "include" and entry.subsection is None:
             pass
         elif entry.section == "includeif" and entry.subsection is not None:
-            if not _condition_holds(entry.subsection, path, gitdir, branch):
+            if not _condition_holds(entry.subsection, path, gitdir):
                 continue
         else:
             continue
         target = _include_path(entry.value, path)
         if target is None:
             continue
-        more, read_files = read_config(target, read, gitdir, branch, depth + 1)
+        more, read_files = read_config(target, read, gitdir, depth + 1)
         out.extend(more)
         files.extend(read_files)
     return out, files
@@ -204,10 +206,10 @@ def _include_path(value: str, config_path: str) -> str | None:
     return os.path.join(os.path.dirname(config_path), value)
 
 
-def _condition_holds(cond: str, config_path: str, gitdir: str,
-                     branch: Callable[[], str | None]) -> bool:
-    """``gitdir:``, ``gitdir/i:`` and ``onbranch:`` as git matches them; any other
-    condition (``hasconfig:``, unknown ones) is false, as in git when it does not apply."""
+def _condition_holds(cond: str, config_path: str, gitdir: str) -> bool:
+    """``gitdir:`` and ``gitdir/i:`` as git matches them. Any other condition is false:
+    ``onbranch:`` too, as in C git's upload-pack, which reads its config before the refs
+    (a file:// ls-remote ignores such an include), and ``hasconfig:`` and unknown ones."""
     for prefix, fold in (("gitdir:", False), ("gitdir/i:", True)):
         if cond.startswith(prefix):
             pattern = _gitdir_pattern(cond[len(prefix):], config_path)
@@ -215,14 +217,6 @@ def _condition_holds(cond: str, config_path: str, gitdir: str,
                 return False
             dirs = {gitdir, os.path.realpath(gitdir)}
             return any(_wildmatch(pattern, d, fold) for d in dirs)
-    if cond.startswith("onbranch:"):
-        pattern = cond[len("onbranch:"):]
-        name = branch() if pattern else None
-        if name is None:
-            return False
-        if pattern.endswith("/"):
-            pattern += "**"
-        return _wildmatch(pattern, name, False)
     return False
 
 

@@ -180,19 +180,9 @@ class Repo:
                 dirs.guard.check_real(f"{main} (include)", os.path.realpath(path))
             return fs.read_file_or_none(path)
 
-        files: list[str] = []
-
-        def branch() -> str | None:
-            head = os.path.join(self.gitdir, "HEAD")
-            files.append(head)
-            raw = (fs.read_file_or_none(head) or b"").strip()
-            ref = raw[5:].strip() if raw.startswith(b"ref:") else b""
-            return ref[11:].decode("utf-8", "replace") if ref.startswith(b"refs/heads/") else None
-
         # Stat before reading: a change while it is read is seen by the next request.
         signature = _signature(fs, [main])
-        entries, read_files = read_config(main, read, self.gitdir, branch)
-        files = read_files + files
+        entries, files = read_config(main, read, self.gitdir)
         if len(files) > 1:
             signature = _signature(fs, files)
         cfg = repo_config(entries)
@@ -202,7 +192,7 @@ class Repo:
 
 @dataclass(frozen=True)
 class _CachedConfig:
-    files: tuple[str, ...]  # the config, what it includes, HEAD when onbranch: asked
+    files: tuple[str, ...]  # the config and what it includes
     signature: tuple[object, ...]  # what each was (stat), in that order
     cfg: RepoConfig
 
