@@ -63,6 +63,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     state = ServerState.create(cfg)
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []
+    serving = False
     try:
         # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that
         # is the drain (docs/ARCHITECTURE.md "Drain and health").
@@ -90,13 +91,20 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
             log.warning("--no-public-metrics without --metrics-port: /metrics is served nowhere")
         print(f"gitspout: serving {state.resolver.root} at {_url(cfg.host, port)}", flush=True)
         gc.freeze()
+        serving = True
         if ready is not None:
             ready.set()
         await stop.wait()
     finally:
         # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
-        # failed was cleaned up already.
-        await _drain(state, listeners, runners, cfg.drain_timeout)
+        # failed was cleaned up already. A start that failed has nothing to drain.
+        if serving:
+            await _drain(state, listeners, runners, cfg.drain_timeout)
+        else:
+            for listener in listeners:
+                listener.close()
+            for r in runners:
+                await r.cleanup()
 
 
 def _url(host: str, port: int) -> str:

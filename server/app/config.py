@@ -40,10 +40,12 @@ class Config:
                                      "(0: all of --threads)"}
     )
     max_body: int = field(
-        default=32 << 20, metadata={"help": "cap on a request body as sent (bytes)"}
+        default=32 << 20, metadata={"help": "cap on a request body as sent (bytes; KiB, MiB, "
+                                            "GiB accepted)", "size": True}
     )
     max_inflated_body: int = field(
-        default=64 << 20, metadata={"help": "cap on a request body after gunzip (bytes)"}
+        default=64 << 20, metadata={"help": "cap on a request body after gunzip (bytes; KiB, "
+                                            "MiB, GiB accepted)", "size": True}
     )
     keepalive: float = field(
         default=5.0, metadata={"help": "seconds of silence before a side-band keepalive"}
@@ -131,7 +133,7 @@ class Config:
         default="",
         metadata={"help": "local directory (or emptyDir) for pack cache files, never the "
                           "served root; the server makes and removes its own subdirectory "
-                          "in it (default: the system temporary directory)"},
+                          "in it (none: the system temporary directory)"},
     )
     pack_cache_ttl: float = field(
         default=600.0,
@@ -209,6 +211,8 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20
 
 def parse_size(value: Any) -> int:
     """``8MiB``, ``256M``, ``1g``, ``4096``: a number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError(value)
     if isinstance(value, int):
         return value
     text = str(value).strip().lower().replace("_", "")
@@ -219,7 +223,7 @@ def parse_size(value: Any) -> int:
     return int(float(num) * _SIZE_UNITS[unit])
 
 
-def _coerce(name: str, value: Any) -> Any:
+def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _FIELDS[name].type
     try:
         if _FIELDS[name].metadata.get("size"):
@@ -239,9 +243,11 @@ def _coerce(name: str, value: Any) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
-        return None if value is None else str(value)
-    except ValueError:
-        raise ConfigError(f"setting {name!r}: cannot use value {value!r}") from None
+        if value is not None and not isinstance(value, str):
+            raise ValueError(value)  # TOML `host = 5`, `metrics_repos = ["a"]`
+        return value
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}") from None
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,6 +277,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: keys both at the top level ({others}) and "
                           "under [gitspout]; put them all in one place")
     table = data.get("gitspout", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: [gitspout] must be a table")
     out: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
@@ -293,10 +301,13 @@ def load_config(
     }
     config_path = cli.get("config") or from_env.get("config")
     from_file = _read_toml(config_path) if config_path else {}
-    merged: dict[str, Any] = {}
-    for source in (from_file, from_env, cli):
-        merged.update(source)
-    values = {name: _coerce(name, value) for name, value in merged.items()}
+    merged: dict[str, tuple[Any, str]] = {}
+    for values_of, source in ((from_file, f"config file {config_path}"), (from_env, "env"),
+                              (cli, "flag")):
+        for name, value in values_of.items():
+            merged[name] = (value, f"GITSPOUT_{name.upper()}" if source == "env" else
+                            f"--{name.replace('_', '-')}" if source == "flag" else source)
+    values = {name: _coerce(name, value, source) for name, (value, source) in merged.items()}
     cfg = Config(**values)
     _validate(cfg)
     return cfg
@@ -336,6 +347,12 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be 0 or more")
     if not math.isfinite(cfg.pack_queue_wait) or cfg.pack_queue_wait <= 0:
         raise ConfigError("pack_queue_wait must be a number of seconds above 0")
+    for name in ("max_body", "max_inflated_body"):
+        if getattr(cfg, name) < 4096:
+            raise ConfigError(f"{name} must be at least 4096 bytes")
+    if not cfg.agent or not all(33 <= ord(c) < 127 for c in cfg.agent):
+        raise ConfigError("agent must be printable ASCII without spaces (it is one "
+                          "capability token)")
     if cfg.output_buffer < 4096:
         raise ConfigError("output_buffer must be at least 4096 bytes")
     if cfg.inflate_memory < 0:
@@ -362,3 +379,9 @@ def _validate_pack_cache(cfg: Config) -> None:
         cache, root = Path(cfg.pack_cache_dir).resolve(), Path(cfg.root).resolve()
         if cache == root or root in cache.parents:
             raise ConfigError("pack_cache_dir must not be inside the served root")
+        try:
+            os.makedirs(cache, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"pack_cache_dir {cfg.pack_cache_dir!r}: {exc.strerror}") from None
+        if not os.access(cache, os.W_OK | os.X_OK):
+            raise ConfigError(f"pack_cache_dir {cfg.pack_cache_dir!r} is not writable")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from gitspout.server.app.cli import main
+from gitspout.server.app.config import load_config
 from gitutil import REPO_ROOT
 
 
@@ -58,6 +59,13 @@ def test_unknown_host_or_missing_address_is_one_line(tmp_path: Path, host: str, 
     ('port = 8081\n[gitspout]\nthreads = 4\n', "both at the top level (port)"),
     ("port = 18305.9\n", "'port'"),
     ("[gitspout]\nport = true\n", "'port'"),
+    ("port = [1]\n", "'port' (config file"),                  # TypeError, not a traceback
+    ("keepalive = {a = 1}\n", "'keepalive'"),
+    ("port = 1979-05-27\n", "'port'"),
+    ('host = 5\n', "'host'"),                                   # not str()'ed into 0.0.0.5
+    ('metrics_repos = ["app.git"]\n', "'metrics_repos'"),
+    ("gitspout = 1\n", "must be a table"),
+    ("cache_memory = true\n", "'cache_memory'"),
 ])
 def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,13 +81,32 @@ def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
     ("--keepalive", "-1", "keepalive"),
     ("--keepalive", "0", "keepalive"),
     ("--keepalive", "nan", "keepalive"),
-    ("--port", "8080.5", "'port'"),
+    ("--port", "8080.5", "'port' (--port)"),
+    ("--cache-memory", "inf", "'cache_memory'"),                # OverflowError, not a traceback
+    ("--pack-cache-size", "1e400", "'pack_cache_size'"),
+    ("--max-body", "0", "max_body must be at least 4096"),
+    ("--max-inflated-body", "-5", "max_inflated_body must be at least 4096"),
+    ("--agent", "my agent", "agent must be printable ASCII"),
+    ("--pack-cache-dir", "/proc/gitspout-cannot-be-here", "pack_cache_dir"),
 ])
 def test_bad_flags_are_refused(tmp_path: Path, flag: str, value: str, needle: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
     res = _main(capsys, "serve", "--root", str(tmp_path), flag, value)
     _one_line_error(res, needle)
     assert res.returncode == 2
+
+
+def test_env_error_names_the_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITSPOUT_PORT", "abc")
+    res = _main(capsys, "serve", "--root", str(tmp_path))
+    _one_line_error(res, "'port' (GITSPOUT_PORT)")
+
+
+def test_sizes_take_suffixes(tmp_path: Path) -> None:
+    cfg = load_config({"root": str(tmp_path), "max_body": "32MiB", "max_inflated_body": "1G"},
+                      env={})
+    assert (cfg.max_body, cfg.max_inflated_body) == (32 << 20, 1 << 30)
 
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ that stall or hang up, a truncated loose object for the producer that fails midw
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 import socket
@@ -506,3 +507,31 @@ def test_lone_clone_of_a_medium_whole_pack_is_not_copied(git: Git, tmp_path: Pat
             assert [f.stat().st_size for f in sub.iterdir()] == files, i
     finally:
         srv.stop()
+
+
+def test_directories_of_killed_servers_are_reclaimed(fixture_root: Path, tmp_path: Path) -> None:
+    """A server killed with SIGKILL (an OOM kill keeps the emptyDir) never removed its
+    directory; the next server in the same place does, and leaves a live one's alone."""
+    cache_dir = tmp_path / "cache"
+    killed = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    (orphan,) = cache_dir.glob("gitspout-packcache-*")
+    (orphan / "x.pack").write_bytes(b"left behind")
+    killed.proc.kill()
+    killed.proc.wait(timeout=10)
+    alive = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        (mine,) = set(cache_dir.glob("gitspout-packcache-*")) - {orphan}
+        old = time.time() - 3600  # younger ones may belong to a server starting up
+        for d in (orphan, mine):
+            os.utime(d, (old, old))
+        said: list[str] = []
+        last = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)], output=said)
+        try:
+            left = set(cache_dir.glob("gitspout-packcache-*"))
+            assert orphan not in left and mine in left and len(left) == 2
+            assert any("removed 1 directories of stopped servers" in line for line in said)
+        finally:
+            last.stop()
+    finally:
+        alive.stop()
+    assert not list(cache_dir.glob("gitspout-packcache-*"))  # each removed its own
