@@ -83,3 +83,26 @@ def hidden_only_objects(git: Git, gitdir: Path, visible: list[str], hidden: list
     # Set difference of the full closures: ``rev-list --objects H --not V`` only marks the
     # trees of boundary commits uninteresting, so it can list an object V also reaches.
     return objects_reachable(git, gitdir, *hidden) - objects_reachable(git, gitdir, *visible)
+
+
+def shallow_info_and_objects(git: Git, body: bytes) -> tuple[list[str], set[str]]:
+    """The sorted shallow-info lines of a v2 fetch answer, and the ids in its pack."""
+    lines: list[str] = []
+    section = b""
+    for payload in _pkts(body):
+        if payload is None:
+            continue
+        if payload in (b"shallow-info\n", b"packfile\n", b"acknowledgments\n",
+                       b"wanted-refs\n"):
+            section = payload.strip()
+        elif section == b"shallow-info":
+            lines.append(payload.decode().strip())
+    pack = pack_bytes(body)
+    return sorted(lines), pack_object_ids(git, pack) if pack else set()
+
+
+def c_git_v2_answer(git: Git, gitdir: Path, body: bytes) -> subprocess.CompletedProcess[bytes]:
+    """C git's own upload-pack on a v2 request body (``--stateless-rpc``): the ground
+    truth. Not checked: it exits 128 after some refusals."""
+    return git.run("upload-pack", "--stateless-rpc", str(gitdir), input=body,
+                   env={"GIT_PROTOCOL": "version=2"}, check=False)

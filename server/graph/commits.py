@@ -231,6 +231,9 @@ class WalkTooLong(Exception):
     """A walk given a limit met more commits than that (:meth:`CommitSource.walk_by_date`)."""
 
 
+_SLOP = 5  # revision.c SLOP: uninteresting commits walked past the last interesting one
+
+
 class CommitSource:
     """Reads commits (and trees, tags) for one request, caching parsed commits and trees."""
 
@@ -406,20 +409,48 @@ class CommitSource:
             if oid not in flags:
                 flags[oid] = False
                 push(oid)
+        def spread_bad(start: bytes) -> int:
+            """Mark ``start`` uninteresting, and the parents of those already walked
+            (revision.c ``mark_parents_uninteresting``): with clock skew, a commit may be
+            walked as interesting before an uninteresting path reaches it, and its
+            ancestors must not stay interesting. How many queued commits it turned."""
+            turned = 0
+            stack = [start]
+            while stack:
+                oid = stack.pop()
+                if flags.get(oid) is not False:
+                    continue
+                flags[oid] = True
+                if oid in queued:
+                    turned += 1  # its own parents are marked when it is popped
+                elif oid not in cut:
+                    stack.extend(self.commit(oid).parents)
+            return turned
+
         live = sum(1 for oid in queued if not flags[oid])
         out: list[bytes] = []
-        while heap and live > 0:
+        last_time: int | None = None  # of the last interesting commit walked
+        slop = _SLOP
+        while heap and (live > 0 or (last_time is not None and slop > 0)):
             _, _, oid = heapq.heappop(heap)
             queued.discard(oid)
             bad = flags[oid]
             info = self.commit(oid)
             if not bad:
                 live -= 1
+                last_time = info.time
                 if since is not None and info.time < since:
                     continue
                 out.append(oid)
                 if limit is not None and len(out) > limit:
                     raise WalkTooLong(limit)
+            elif live == 0:
+                # Only uninteresting commits are left: as revision.c limit_list
+                # (still_interesting), walk on while they are as new as the last
+                # interesting one, then _SLOP more, so that one of them dated wrong
+                # (clock skew) still reaches the commits walked as interesting.
+                assert last_time is not None
+                slop = _SLOP if heap and -heap[0][0] >= last_time else slop - 1
             if oid in cut:
                 continue
             for parent in info.parents:
@@ -430,8 +461,6 @@ class CommitSource:
                     if not bad:
                         live += 1
                 elif bad and not old:
-                    flags[parent] = True
-                    if parent in queued:
-                        live -= 1
+                    live -= spread_bad(parent)
         bad_set = {oid for oid, v in flags.items() if v}
         return [c for c in out if c not in bad_set], bad_set

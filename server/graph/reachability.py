@@ -343,8 +343,15 @@ def enumerate_objects(
     flt = _Filter(spec, src)
     first = {src.commit(c).parents[0] for c in commits if src.commit(c).parents}
     edges = {p for c in commits for p in src.commit(c).parents if p in bad}
-    have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges - first))
-    have_objects.update(src.commit(c).tree for c in edges | {c for c in have_commits if c in bad})
+    had = {c for c in have_commits if c in bad}
+    if cut:
+        # A shallow client: what it has is marked in full, the trees of its haves too, as
+        # pack-objects does then (--objects-edge-aggressive). A deepen sends history
+        # under the client's commits, and their files are mostly the ones it has.
+        have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges | had))
+    else:
+        have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges - first))
+    have_objects.update(src.commit(c).tree for c in edges | had)
     out: list[ObjectEntry] = []
     listed: set[bytes] = set()
     named = set(want_commits)
@@ -367,12 +374,17 @@ def enumerate_objects(
         info = src.commit(c)
         base = None
         # Diff against the first parent only when everything its tree reaches is already
-        # listed (its walk is done) or the client has it (it is uninteresting); never across
-        # a shallow boundary. Diffing against a parent whose walk is still to come would let
-        # an object that both share be skipped twice, and never sent.
-        if info.parents and c not in cut and (info.parents[0] in done or info.parents[0] in bad):
-            base = src.commit(info.parents[0]).tree
-        walker.base_is_had = base is not None and info.parents[0] in bad
+        # listed (its walk is done) or the client has it (it is uninteresting: a shallow
+        # client has the whole tree of each commit it has, and the walk never marks what
+        # lies beyond its shallow commits). Across a shallow boundary only the latter: the
+        # commit at the new boundary of a `fetch --depth 1` whose parent is the client's
+        # old tip sends what changed, not its whole tree. Diffing against a parent whose
+        # walk is still to come would let an object that both share be skipped twice, and
+        # never sent.
+        parent = info.parents[0] if info.parents else None
+        if parent is not None and (parent in bad or (c not in cut and parent in done)):
+            base = src.commit(parent).tree
+        walker.base_is_had = base is not None and parent in bad
         if base is None and last is not None:
             # A shallow boundary (each tip of a --depth 1 clone) or a root: diffed against
             # the tree walked last, which is done, so what both hold is listed already. Its
