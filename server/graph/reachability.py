@@ -400,9 +400,11 @@ def enumerate_objects(
 
 
 def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
-    """Walk a wanted tree: the root itself is already listed, its contents follow the filter."""
+    """Walk a wanted tree: the root itself is already listed, its contents follow the
+    filter. Its entries count as depth 0 for tree:<depth>, as in C git, where a tree the
+    client named stands where a commit would (tree:1 sends it and its entries)."""
     walker.shown.add(root)
-    walker.walk(root)
+    walker.walk(root, depth=-1)
 
 
 # ---------------------------------------------------------------- include-tag

@@ -36,13 +36,14 @@ class TreeDiffWalk:
         """A blob that differs from ``base``, the blob at its path in the base (if any)."""
         raise NotImplementedError
 
-    def walk(self, root: bytes, base: bytes | None = None) -> None:
-        """Walk the tree ``root``, skipping what the tree ``base`` has at the same paths.
+    def walk(self, root: bytes, base: bytes | None = None, depth: int = 0) -> None:
+        """Walk the tree ``root`` (at ``depth``), skipping what the tree ``base`` has at
+        the same paths.
         Gitlinks (submodules) are never followed. The entries that differ come from
         :meth:`CommitSource.tree_changes`, which reads the two trees' bytes and parses
         only what differs when it can."""
         changes = self.src.tree_changes
-        stack: list[tuple[bytes, bytes | None, int]] = [(root, base, 0)]
+        stack: list[tuple[bytes, bytes | None, int]] = [(root, base, depth)]
         while stack:
             tree, old_tree, depth = stack.pop()
             if tree == old_tree or not self.enter(tree, old_tree, depth):
