@@ -40,7 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 from .config import Config
 from .metrics import ConnectionStats
 
-__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen",
+__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen", "REFUSAL",
            "OneLineBadRequests", "install_log_filter", "describe_bad_request"]
 
 log = logging.getLogger("gitspout")
@@ -49,6 +49,10 @@ TIMER_SLACK = 0.002  # loop timers may fire this early (uvloop rounds to millise
 REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
            b"Content-Length: 32\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
            b"gitspout: too many connections\r\n")
+# Connections over the cap, when every open one is busy, that may still ask /healthz or
+# /readyz (anything else: 503): slow clients holding every connection must not get a
+# healthy pod restarted by its liveness probe (docs/ARCHITECTURE.md "Drain and health").
+PROBE_RESERVE = 8
 
 
 @dataclass(frozen=True)
@@ -76,16 +80,21 @@ class ConnectionGuard:
         # Insertion order is the order in which connections started waiting: the first key
         # is the one to evict. Moving a key to the end is a pop and a set, O(1).
         self.waiting: dict[GuardedHandler, None] = {}
+        self.probes = 0  # connections admitted over the cap for health probes only
         self._warned: set[str] = set()  # what was logged in this episode of saturation
 
-    def admit(self, handler: GuardedHandler) -> bool:
+    def admit(self, handler: GuardedHandler) -> bool | None:
         """Count a new connection in, closing the longest-waiting one if the cap is reached;
-        False when every open connection is busy (the new one must be refused)."""
+        None when every open connection is busy but the probe reserve is not (the new one
+        may only ask a health probe); False when that is full too (it must be refused)."""
         cap = self.limits.max_connections
         if cap and self.open >= cap:
             if not self.waiting:
-                self.stats.rejected += 1
                 self._warn("refused", "every connection is busy; refusing new ones (503)")
+                if self.probes < PROBE_RESERVE:
+                    self.probes += 1
+                    return None
+                self.stats.rejected += 1
                 return False
             victim = next(iter(self.waiting))
             self.stats.evicted += 1
@@ -97,6 +106,9 @@ class ConnectionGuard:
         return True
 
     def release(self, handler: GuardedHandler) -> None:
+        if handler.probe_only:
+            self.probes -= 1
+            return
         self.waiting.pop(handler, None)
         self.open -= 1
         self.stats.open -= 1
@@ -132,6 +144,7 @@ class GuardedHandler(RequestHandler):
         self._guard = guard
         self._counted = False  # counted in guard.open; cleared on release or eviction
         self._refused = False
+        self.probe_only = False  # over the cap: health probes only (PROBE_RESERVE)
         self._busy = False
         self._opened = 0.0
         self._idle_since: float | None = None  # None until the first request was handled
@@ -142,7 +155,10 @@ class GuardedHandler(RequestHandler):
     # -- aiohttp hooks -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._guard.admit(self):
+        admitted = self._guard.admit(self)
+        if admitted is None:
+            self.probe_only = True
+        elif not admitted:
             self._refused = True
             refused = cast(asyncio.Transport, transport)
             refused.write(REFUSAL)
@@ -220,9 +236,10 @@ class GuardedHandler(RequestHandler):
         self._busy = False
         if not self._counted or self.transport is None:
             return  # gone (a handler can end after its connection was lost)
-        waiting = self._guard.waiting
-        waiting.pop(self, None)
-        waiting[self] = None
+        if not self.probe_only:  # never evicted to make room: it holds none
+            waiting = self._guard.waiting
+            waiting.pop(self, None)
+            waiting[self] = None
         self._arm()
 
     def _deadline(self) -> tuple[str, float] | None:
@@ -265,6 +282,11 @@ class GuardedHandler(RequestHandler):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def refuse_over_cap(self) -> None:
+        """Count the 503 of a request other than a health probe on a probe-only
+        connection."""
+        self._guard.stats.rejected += 1
 
     def skip_lingering(self) -> None:
         """After the current response, close instead of reading what is left of the body

@@ -463,7 +463,18 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     app[STATE_KEY] = state
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
+        handler = request.protocol
+        if isinstance(handler, GuardedHandler) and handler.probe_only \
+                and request.path not in PROBE_PATHS:
+            handler.refuse_over_cap()  # admitted over the cap for health probes only
+            refused = web.Response(status=503, text="gitspout: too many connections\n",
+                                   headers={"Retry-After": "1"})
+            refused.force_close()
+            return refused
         if request.path == "/metrics" and metrics_route:
+            if request.method not in ("GET", "HEAD"):
+                return web.Response(status=405, text="method not allowed\n",
+                                    headers={"Allow": "GET, HEAD"})
             return metrics_response(state)
         if request.path in PROBE_PATHS and state.health is not None:
             return await state.health.respond(request)  # not a git request: not counted
@@ -564,7 +575,11 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         if isinstance(exc, RepoNotFound):
             state.forget_repository(repo_path)
         if answer.status == 200:
-            return await _refuse_in_protocol(request, answer.text, rec)
+            try:
+                return await _refuse_in_protocol(request, answer.text, rec)
+            except ConnectionError:  # gone before its refusal: as above, quietly
+                log.debug("client went away: %s %s", request.method, request.path)
+                raise asyncio.CancelledError() from None
         resp = text_response(answer.status, answer.text)
         if isinstance(exc, AuthDenied) and exc.status == 401 and state.access is not None:
             resp.headers["WWW-Authenticate"] = state.access.challenge  # git asks its helper

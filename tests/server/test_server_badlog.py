@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from gitutil import LiveServer, start_server
-from rawhttp import assert_serving, exchange, parse_response
+from rawhttp import assert_serving, exchange, parse_response, v2_command
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +53,32 @@ def test_malformed_request_logs_one_line(logged_server: tuple[LiveServer, list[s
 def exchange_raw(port: int, data: bytes) -> bytes:
     """``data`` sent as is; the whole answer until the server closes."""
     return exchange(port, data).raw
+
+
+@pytest.mark.parametrize("mode", ["half-close", "reset"])
+def test_client_gone_before_its_refusal_logs_no_traceback(
+        logged_server: tuple[LiveServer, list[str]], mode: str) -> None:
+    """A want the server refuses in-protocol (``ERR not our ref``), from a client that
+    leaves before the refusal is written: logged quietly as 499, as any other
+    disconnection, not as aiohttp's "Error handling request" with a traceback."""
+    import socket
+    import struct
+
+    srv, lines = logged_server
+    body = v2_command("fetch", args=("want " + "1" * 40, "done"))
+    seen = len(lines)
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        sock.sendall(b"POST /basic.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/x-git-upload-pack-request\r\n"
+                     b"Git-Protocol: version=2\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        if mode == "half-close":
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.2)
+        else:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    time.sleep(1.0)
+    new = "\n".join(lines[seen:])
+    assert "Traceback" not in new and "Error handling request" not in new, new[-2000:]
+    assert_serving(srv.port)

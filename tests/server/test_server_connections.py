@@ -291,6 +291,11 @@ def test_cap_refuses_with_503_when_every_connection_is_busy(capped_server: LiveS
         resp = get_info_refs(port)
         assert resp.status == 503, (resp.status, resp.body[:100])
         assert resp.header("connection") == "close"
+        # The liveness and readiness probes still get their answer: slow clients holding
+        # every connection must not get a healthy pod restarted.
+        for probe, body in (("/healthz", b"ok\n"), ("/readyz", b"ready\n")):
+            answer = request(port, "GET", probe)
+            assert (answer.status, answer.body) == (200, body)
         for sock in busy:
             assert _closed_within(sock, 0.2) is None, "a busy connection was closed"
     finally:

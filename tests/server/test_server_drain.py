@@ -92,6 +92,10 @@ def test_probes_answer_and_are_not_counted(server: LiveServer) -> None:
     assert request(server.port, "HEAD", "/readyz").status == 200
     assert request(server.port, "POST", "/readyz").status == 405
     assert _requests_total(server.port) == before
+    for method in ("POST", "PUT", "DELETE"):  # /metrics too: a scrape is a GET
+        refused = request(server.port, method, "/metrics")
+        assert refused.status == 405 and refused.header("allow") == "GET, HEAD"
+    assert request(server.port, "HEAD", "/metrics").status == 200
 
 
 def test_readyz_fails_while_root_is_unreadable(tmp_path: Path, fixture_root: Path) -> None:
