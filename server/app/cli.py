@@ -63,6 +63,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     state = ServerState.create(cfg)
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []
+    guards: list[ConnectionGuard] = []
     serving = False
     try:
         # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that
@@ -73,6 +74,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         await runner.setup()
         limits = ConnectionLimits.from_config(cfg)
         guard = ConnectionGuard(limits, state.metrics.connections)
+        guards.append(guard)
         _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
         # A runner whose listen failed was cleaned up by _listen_or_explain.
         listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
@@ -83,6 +85,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
             # A guard of its own: scrapes go on while the serving port is at its cap.
             metrics_guard = ConnectionGuard(replace(limits, max_connections=METRICS_CONNECTIONS),
                                             state.metrics.connections)
+            guards.append(metrics_guard)
             metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
             runners.append(metrics_runner)
             listeners.append(metrics_listener)
@@ -99,7 +102,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
         # failed was cleaned up already. A start that failed has nothing to drain.
         if serving:
-            await _drain(state, listeners, runners, cfg.drain_timeout)
+            await _drain(state, listeners, runners, guards, cfg.drain_timeout)
         else:
             for listener in listeners:
                 listener.close()
@@ -112,9 +115,14 @@ def _url(host: str, port: int) -> str:
 
 
 async def _drain(state: ServerState, listeners: list[asyncio.Server],
-                 runners: list[web.AppRunner], timeout: float) -> None:
+                 runners: list[web.AppRunner], guards: list[ConnectionGuard],
+                 timeout: float) -> None:
     """Readiness fails at once, new connections are refused, idle ones closed; requests in
-    flight finish, for up to ``timeout`` seconds, before the pool is shut down."""
+    flight finish, for up to ``timeout`` seconds, before the pool is shut down.
+
+    aiohttp's shutdown waits ``timeout`` for a handler, then cancels it and waits as long
+    again: a handler blocked writing to a client that stopped reading ends only when its
+    connection does. So at the deadline every connection still open is aborted."""
     if state.health is not None:
         state.health.draining = True
     for listener in listeners:
@@ -122,8 +130,13 @@ async def _drain(state: ServerState, listeners: list[asyncio.Server],
     busy = state.in_flight
     log.info("draining: %d requests in flight, up to %g s (drain-timeout)", busy, timeout)
     start = time.monotonic()
-    for r in runners:
-        await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
+    loop = asyncio.get_running_loop()
+    cut = loop.call_later(timeout, lambda: [guard.abort_all() for guard in guards])
+    try:
+        for r in runners:
+            await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
+    finally:
+        cut.cancel()
     log.info("drained in %.1f s", time.monotonic() - start)
 
 

@@ -81,6 +81,7 @@ class ConnectionGuard:
         # is the one to evict. Moving a key to the end is a pop and a set, O(1).
         self.waiting: dict[GuardedHandler, None] = {}
         self.probes = 0  # connections admitted over the cap for health probes only
+        self.handlers: set[GuardedHandler] = set()  # every connection admitted and open
         self._warned: set[str] = set()  # what was logged in this episode of saturation
 
     def admit(self, handler: GuardedHandler) -> bool | None:
@@ -105,7 +106,20 @@ class ConnectionGuard:
         self.stats.open += 1
         return True
 
+    def abort_all(self) -> int:
+        """Drop every open connection at once (the drain's deadline): a handler blocked on
+        a client that stopped reading then fails its write and ends; a plain close would
+        wait for the socket's buffer to empty, which that client never lets it do. How
+        many were open."""
+        handlers = list(self.handlers)
+        for handler in handlers:
+            transport = handler.transport
+            if transport is not None:
+                transport.abort()
+        return len(handlers)
+
     def release(self, handler: GuardedHandler) -> None:
+        self.handlers.discard(handler)
         if handler.probe_only:
             self.probes -= 1
             return
@@ -165,6 +179,7 @@ class GuardedHandler(RequestHandler):
             refused.close()
             return
         self._counted = True
+        self._guard.handlers.add(self)
         super().connection_made(transport)
         self._opened = self._loop.time()
         self._wait()
@@ -218,6 +233,7 @@ class GuardedHandler(RequestHandler):
     def evict(self) -> None:
         """Closed to make room at the cap; it no longer counts as open from now on."""
         self._guard.waiting.pop(self, None)
+        self._guard.handlers.discard(self)
         if self._counted:
             self._counted = False
             self._guard.open -= 1
