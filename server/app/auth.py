@@ -111,27 +111,34 @@ class Access:
     def user_for(self, authorization: str | None) -> str | None:
         """The user the ``Authorization`` header proves, None without one; raises a 401
         AuthDenied for credentials that are malformed or wrong. Blocking (bcrypt): run it
-        in the pool."""
+        in the pool, after :meth:`known_user` found no answer."""
         if not authorization:
             return None
-        scheme, _, blob = authorization.partition(" ")
-        if scheme.lower() != "basic":
-            raise AuthDenied(401, "authentication required (Basic)")
-        try:
-            raw = base64.b64decode(blob.strip(), validate=True)
-            user, sep, password = raw.decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            raise AuthDenied(401, "malformed credentials") from None
-        if not sep or not user:
-            raise AuthDenied(401, "malformed credentials")
+        user, password = _credentials(authorization)
         if not self._verify(user, password):
             raise AuthDenied(401, "wrong user name or password")
         return user
 
-    def _verify(self, user: str, password: str) -> bool:
+    def known_user(self, authorization: str) -> tuple[bool, str | None]:
+        """(True, the user) when the credentials were checked within CREDENTIAL_TTL (no
+        bcrypt: answered on the event loop, so a flood of wrong passwords queued in the
+        pool does not hold up users already known); (False, None) when they must be
+        checked (:meth:`user_for`). Raises AuthDenied as :meth:`user_for` does."""
+        user, password = _credentials(authorization)
+        hit = self._checked.get(self._key_of(user, password))
+        if hit is None or hit[1] <= time.monotonic():
+            return False, None
+        if hit[0] != user:
+            raise AuthDenied(401, "wrong user name or password")
+        return True, user
+
+    def _key_of(self, user: str, password: str) -> bytes:
         name = user.encode()
-        key = hmac.new(self._key, len(name).to_bytes(4, "big") + name + password.encode(),
-                       sha256).digest()
+        return hmac.new(self._key, len(name).to_bytes(4, "big") + name + password.encode(),
+                        sha256).digest()
+
+    def _verify(self, user: str, password: str) -> bool:
+        key = self._key_of(user, password)
         now = time.monotonic()
         hit = self._checked.get(key)
         if hit is not None and hit[1] > now:
@@ -157,6 +164,21 @@ class Access:
             raise AuthDenied(401, "authentication required")
         if name is not None:
             raise AuthDenied(403, f"user {user} may not read this repository")
+
+
+def _credentials(authorization: str) -> tuple[str, str]:
+    """(user, password) of a Basic ``Authorization`` header; AuthDenied (401) otherwise."""
+    scheme, _, blob = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        raise AuthDenied(401, "authentication required (Basic)")
+    try:
+        raw = base64.b64decode(blob.strip(), validate=True)
+        user, sep, password = raw.decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise AuthDenied(401, "malformed credentials") from None
+    if not sep or not user:
+        raise AuthDenied(401, "malformed credentials")
+    return user, password
 
 
 def load_access(path: str) -> Access:

@@ -595,7 +595,11 @@ async def _authorize(state: ServerState, request: web.Request, repo_path: str) -
     if access is None:
         return
     header = request.headers.get("Authorization")
-    user = await state.run(access.user_for, header) if header else None
+    user = None
+    if header:
+        known, user = access.known_user(header)  # checked lately: no bcrypt, no pool
+        if not known:
+            user = await state.run(access.user_for, header)
     try:
         repo = await _resolve(state, repo_path)
     except RepoNotFound:

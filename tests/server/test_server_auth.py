@@ -195,3 +195,36 @@ def test_hash_password_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     hashed = proc.stdout.strip()
     assert bcrypt.checkpw(b"s3cret", hashed) and not bcrypt.checkpw(b"other", hashed)
+
+
+def test_wrong_password_flood_does_not_hold_up_known_users(auth_root: Path, tmp_path: Path) -> None:
+    """16 clients with wrong passwords, each a bcrypt check at cost 12 (0.25 s) queued in
+    the pool: a user checked a moment ago is answered from the credentials cache, on the
+    loop, not behind them (it waited 4 s)."""
+    import threading
+    import time
+
+    path = tmp_path / "auth.toml"
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(12)).decode()
+    path.write_text(f'[users]\nalice = "{hashed}"\n[[access]]\nrepos = ["team/*"]\n'
+                    'users = ["alice"]\n')
+    srv = start_server(auth_root, ["--auth-file", str(path)])
+    route = "/team/app.git/info/refs?service=git-upload-pack"
+    try:
+        assert raw_request(srv.port, "GET", route, _basic("alice", "right")).status == 200
+
+        def attack(k: int) -> None:
+            raw_request(srv.port, "GET", route, _basic("alice", f"wrong{k}"), timeout=60)
+
+        flood = [threading.Thread(target=attack, args=(k,)) for k in range(16)]
+        for t in flood:
+            t.start()
+        time.sleep(0.5)  # the flood is queued in the pool
+        start = time.monotonic()
+        assert raw_request(srv.port, "GET", route, _basic("alice", "right")).status == 200
+        took = time.monotonic() - start
+        for t in flood:
+            t.join(timeout=60)
+        assert took < 1.0, f"a known user waited {took:.1f} s behind wrong passwords"
+    finally:
+        srv.stop()
