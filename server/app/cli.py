@@ -23,7 +23,7 @@ from aiohttp import web
 from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
-from .http import HANDLER_KWARGS, RUNNER_KWARGS, ServerState, make_app, metrics_response
+from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
 from .memory import fix_mmap_threshold
 
 __all__ = ["main", "serve", "StartupError"]
@@ -70,7 +70,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         # is the drain (docs/ARCHITECTURE.md "Drain and health").
         runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics),
                                access_log=None, shutdown_timeout=cfg.drain_timeout,
-                               **RUNNER_KWARGS)
+                               **SERVER_KWARGS)
         await runner.setup()
         limits = ConnectionLimits.from_config(cfg)
         guard = ConnectionGuard(limits, state.metrics.connections)

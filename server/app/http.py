@@ -18,7 +18,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from gitspout.protocol.advertise import format_service_header, v0_request_capabilities
 from gitspout.protocol.command import parse_command_request
 from gitspout.protocol.fetch_request import FetchRequest, Sideband, parse_v0_request, parse_v2_fetch_args
@@ -49,7 +49,9 @@ from .httpreq import (
     UPLOAD_PACK,
     BodyLimits,
     BodyTimeout,
+    BodyTooLarge,
     HttpError,
+    check_declared_length,
     protocol_version,
     read_body,
     split_path,
@@ -63,6 +65,7 @@ from .pool import WorkPool
 from .stream import PktSection, PktWriter, cap_output
 
 __all__ = ["ServerState", "make_app", "metrics_response", "RUNNER_KWARGS", "HANDLER_KWARGS",
+           "SERVER_KWARGS",
            "STATE_KEY"]
 
 log = logging.getLogger("gitspout")
@@ -73,6 +76,10 @@ READ_ONLY = "gitspout is a read-only server: git-receive-pack (push) is not avai
 RUNNER_KWARGS: dict[str, Any] = {"auto_decompress": False}
 # What each connection's handler is built with (server/connections.py builds them).
 HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
+# A handler is cancelled when its client goes away (CancelledError at its next await: 499):
+# a request queued for a pack slot, or planning in the pool, for nobody, would hold its
+# place in the admission queue, and the queue's room, until a slot or --pack-queue-wait.
+SERVER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "handler_cancellation": True}
 
 
 @dataclass
@@ -499,7 +506,24 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             if not state.in_flight:
                 state.trimmer.schedule(lambda: _trim_heap(state))
 
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` (git sends it before large bodies): a body declared
+        over --max-body gets its 413 now, not an invitation to send it first."""
+        try:
+            check_declared_length(request, state.cfg.max_body)
+        except BodyTooLarge as exc:
+            resp = text_response(exc.status, exc.text)
+            resp.force_close()
+            return resp
+        if request.version != HttpVersion11:
+            return None
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return text_response(417, "unknown Expect")  # as aiohttp's own handler
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+        return None
+
+    app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=expect)
     app.on_startup.append(lambda _app: _start_sweeper(state))
     app.on_shutdown.append(lambda _app: _stop_sweeper(state))
     # The pool goes last, once aiohttp has let the handlers finish (or cut them at
@@ -584,7 +608,10 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         if isinstance(exc, AuthDenied) and exc.status == 401 and state.access is not None:
             resp.headers["WWW-Authenticate"] = state.access.challenge  # git asks its helper
         if isinstance(exc, BodyTimeout):
-            _close_at_once(state, request, resp)
+            state.metrics.connections.timeouts["body"] += 1
+            _close_at_once(request, resp)
+        elif isinstance(exc, BodyTooLarge):
+            _close_at_once(request, resp)
         return resp
 
 
@@ -609,10 +636,9 @@ async def _authorize(state: ServerState, request: web.Request, repo_path: str) -
     access.decide(repo_name(repo.gitdir, state.resolver.root), user)
 
 
-def _close_at_once(state: ServerState, request: web.Request, resp: web.Response) -> None:
-    """The body is unfinished and too slow to wait for: answer, then close at once instead
-    of letting aiohttp read ("linger" over) the rest of it."""
-    state.metrics.connections.timeouts["body"] += 1
+def _close_at_once(request: web.Request, resp: web.Response) -> None:
+    """The body is unfinished (too slow, or too large to read): answer, then close at once
+    instead of letting aiohttp read ("linger" over) the rest of it."""
     resp.force_close()
     if isinstance(request.protocol, GuardedHandler):
         request.protocol.skip_lingering()

@@ -11,8 +11,9 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-__all__ = ["HttpError", "BodyTimeout", "BodyLimits", "text_response", "protocol_version",
-           "split_path", "read_body", "decode_body", "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
+__all__ = ["HttpError", "BodyTimeout", "BodyTooLarge", "BodyLimits", "text_response",
+           "protocol_version", "split_path", "read_body", "decode_body", "check_declared_length",
+           "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
 
 UPLOAD_PACK = "git-upload-pack"
 RECEIVE_PACK = "git-receive-pack"
@@ -84,6 +85,21 @@ INLINE_BODY = 1 << 20
 INFLATE_PIECE = 1 << 20  # output per zlib call: bounds memory overshoot past the cap
 
 
+class BodyTooLarge(HttpError):
+    """The declared Content-Length is over the cap: 413 from the head alone, and the
+    connection ends (the body is not read)."""
+
+    def __init__(self, max_body: int) -> None:
+        super().__init__(413, f"request body larger than {max_body} bytes")
+
+
+def check_declared_length(request: web.BaseRequest, max_body: int) -> None:
+    """:class:`BodyTooLarge` when the head already says the body is over ``max_body``."""
+    length = request.content_length
+    if length is not None and length > max_body:
+        raise BodyTooLarge(max_body)
+
+
 async def read_body(request: web.Request, limits: BodyLimits,
                     run: Callable[..., Awaitable[Any]]) -> bytes:
     """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4) and the body
@@ -94,6 +110,7 @@ async def read_body(request: web.Request, limits: BodyLimits,
     if encoding not in ("", "identity", "gzip", "x-gzip"):
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
     gzip = encoding in ("gzip", "x-gzip")
+    check_declared_length(request, limits.max_body)
     parts = await _read_parts(request.content, limits)
     if not gzip and sum(map(len, parts)) <= INLINE_BODY:
         return b"".join(parts)

@@ -157,3 +157,36 @@ def test_concurrent_clones_are_served_whole_or_refused(two_repos: Path, git: Git
         assert b"503" in r.stderr, r.stderr  # refused before the pack, never cut in it
     for i in served:
         fsck(git, tmp_path / f"c{i}.git")
+
+
+def test_a_client_gone_from_the_queue_leaves_it(two_repos: Path,
+                                                big_root: tuple[Path, str]) -> None:
+    """Three fetches queue behind a stalled one and hang up: their places are given back
+    at once (the handler of a client that went away is cancelled), so a fourth queues and
+    is not refused as if the queue were full of them."""
+    import struct
+
+    with serving(two_repos, "--max-packs", "1", "--pack-queue", "3", "--pack-cache-size",
+                 "0") as srv, ThreadPoolExecutor(1) as pool:
+        with stalled_pack(srv.port, big_root[1]):
+            body = pkt_lines(f"want {big_root[1]} side-band-64k") + FLUSH + pkt_lines("done")
+            for _ in range(3):
+                sock = connect(srv.port, 10)
+                sock.sendall(build_request("POST", "/big.git/git-upload-pack",
+                                           {"Content-Type": UPLOAD_CT}, body, close=False))
+                time.sleep(0.2)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()  # a reset: gone
+            deadline = time.monotonic() + 10
+            while (_metric(srv.port, "gitspout_admission_queued")
+                   or _metric(srv.port, "gitspout_requests_in_flight") > 1) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _metric(srv.port, "gitspout_admission_queued") == 0
+            assert _metric(srv.port, "gitspout_requests_in_flight") == 1  # the stalled one
+            queued = pool.submit(_fetch_big, srv.port, big_root[1])
+            while not _metric(srv.port, "gitspout_admission_queued") and \
+                    time.monotonic() < deadline + 10:
+                time.sleep(0.02)
+            assert not queued.done()  # waiting, not refused
+        assert queued.result(timeout=TIMEOUT).status == 200  # served once the slot is free

@@ -344,3 +344,30 @@ def test_non_utf8_and_binary_bodies_are_4xx(server: LiveServer) -> None:
             resp = post_upload_pack(server.port, body, version=version)
             assert_not_5xx(resp)
             assert resp.status == 400, (body[:8], version, resp.status)
+
+
+@pytest.mark.parametrize("expect", [True, False])
+def test_declared_length_over_the_cap_is_413_from_the_head(small_server: LiveServer,
+                                                          expect: bool) -> None:
+    """A Content-Length over --max-body is answered 413 at once: no ``100 Continue``
+    inviting the client to send it, no wait for a body that would be refused (it got 408
+    after --body-timeout), and the connection ends without reading it."""
+    import socket
+    import time
+
+    head = ("POST /basic.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/x-git-upload-pack-request\r\n"
+            f"Content-Length: {SMALL_MAX_BODY * 50}\r\n"
+            + ("Expect: 100-continue\r\n" if expect else "") + "\r\n").encode()
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", small_server.port), timeout=10) as sock:
+        sock.sendall(head)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 413"), data[:100]
+    assert time.monotonic() - start < 2
+    assert_serving(small_server.port)
