@@ -175,16 +175,17 @@ class Repo:
             return cached.cfg
         main = os.path.join(self.gitdir, "config")
 
+        seen: dict[str, object] = {}
+
         def read(path: str) -> bytes | None:
             if path != main and dirs.guard is not None:
                 dirs.guard.check_real(f"{main} (include)", os.path.realpath(path))
+            # Stat before reading: a change while it is read is seen by the next request.
+            seen.setdefault(path, _signature(fs, [path])[0])
             return fs.read_file_or_none(path)
 
-        # Stat before reading: a change while it is read is seen by the next request.
-        signature = _signature(fs, [main])
         entries, files = read_config(main, read, self.gitdir)
-        if len(files) > 1:
-            signature = _signature(fs, files)
+        signature = tuple(seen[path] for path in files)
         cfg = repo_config(entries)
         self._config = _CachedConfig(tuple(files), signature, cfg)
         return cfg
