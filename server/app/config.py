@@ -151,6 +151,13 @@ class Config:
                           "producer waits for the client (per-connection output cap); "
                           "suffixes KiB, MiB accepted", "size": True},
     )
+    body_memory: int = field(
+        default=256 << 20,
+        metadata={"help": "bytes of request bodies (as received, then inflated) held at "
+                          "once over all requests; a request past it gets 503 with "
+                          "Retry-After; 0 turns the cap off; suffixes KiB, MiB, GiB "
+                          "accepted", "size": True},
+    )
     inflate_memory: int = field(
         default=128 << 20,
         metadata={"help": "bytes of large objects held whole at once over all requests "
@@ -355,6 +362,9 @@ def _validate(cfg: Config) -> None:
                           "capability token)")
     if cfg.output_buffer < 4096:
         raise ConfigError("output_buffer must be at least 4096 bytes")
+    if cfg.body_memory and cfg.body_memory < cfg.max_inflated_body:
+        raise ConfigError("body_memory must be 0 (no cap) or at least max_inflated_body: "
+                          "one request's body must fit")
     if cfg.inflate_memory < 0:
         raise ConfigError("inflate_memory must be 0 or more bytes")
     if cfg.max_connections < 0:

@@ -133,7 +133,8 @@ class ServerState:
             state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         state.admission = Admission(
             AdmissionLimits(cfg.max_packs, cfg.max_packs_per_repo, cfg.pack_queue,
-                            cfg.pack_queue_wait, cfg.retry_after), state.metrics.registry)
+                            cfg.pack_queue_wait, cfg.retry_after, cfg.body_memory),
+            state.metrics.registry)
         state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
@@ -287,12 +288,18 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
-    # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).
-    body = await read_body(request, state.body_limits, state.run_bounded)
-    if protocol_version(request) == 2:
-        return await _serve_v2(state, request, ctx, body, rec)
-    rec.command = "fetch"
-    return await _serve_v0(state, request, ctx, body, rec)
+    charge = state.admission.charge() if state.admission is not None else None
+    try:
+        # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).
+        body = await read_body(request, state.body_limits, state.run_bounded,
+                               charge.take if charge is not None else None)
+        if protocol_version(request) == 2:
+            return await _serve_v2(state, request, ctx, body, rec)
+        rec.command = "fetch"
+        return await _serve_v0(state, request, ctx, body, rec)
+    finally:
+        if charge is not None:
+            charge.release()
 
 
 async def _refuse_in_protocol(request: web.Request, text: str,
@@ -591,6 +598,8 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
     except Overloaded as exc:  # load, not a fault: 503 before any pack byte (admission.py)
         resp = text_response(503, exc.text)
         resp.headers["Retry-After"] = str(exc.retry_after)
+        if exc.reason == "body_memory":
+            _close_at_once(request, resp)  # its body is not read to the end
         return resp
     except Exception as exc:  # before the 200: the one mapping (errors.py) decides
         answer = answer_for(exc, repo_path)

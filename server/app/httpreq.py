@@ -101,24 +101,30 @@ def check_declared_length(request: web.BaseRequest, max_body: int) -> None:
 
 
 async def read_body(request: web.Request, limits: BodyLimits,
-                    run: Callable[..., Awaitable[Any]]) -> bytes:
+                    run: Callable[..., Awaitable[Any]],
+                    take: Callable[[int], None] | None = None) -> bytes:
     """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4) and the body
     deadlines. ``run(fn, *args)`` runs blocking work off the event loop (the server's pool):
     inflating or joining a large body there keeps other requests answered meanwhile. (Its
-    pkt-lines are counted, and capped, by the protocol parsers as they decode them.)"""
+    pkt-lines are counted, and capped, by the protocol parsers as they decode them.)
+    ``take(n)`` is called for every ``n`` bytes held (received, then inflated): the
+    server-wide cap on request bodies (admission.py ``BodyCharge``), which may raise."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip", "x-gzip"):
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
     gzip = encoding in ("gzip", "x-gzip")
     check_declared_length(request, limits.max_body)
-    parts = await _read_parts(request.content, limits)
+    parts = await _read_parts(request.content, limits, take)
     if not gzip and sum(map(len, parts)) <= INLINE_BODY:
         return b"".join(parts)
     body: bytes = await run(decode_body, parts, gzip, limits)
+    if gzip and take is not None:
+        take(len(body))  # the parts go with this frame; the inflated body stays
     return body
 
 
-async def _read_parts(content: StreamReader, limits: BodyLimits) -> list[bytes]:
+async def _read_parts(content: StreamReader, limits: BodyLimits,
+                      take: Callable[[int], None] | None = None) -> list[bytes]:
     """The body as sent, in the pieces it arrived in; :class:`BodyTimeout` if it stalls or
     trickles (see :class:`BodyLimits`)."""
     loop = asyncio.get_running_loop()
@@ -149,6 +155,8 @@ async def _read_parts(content: StreamReader, limits: BodyLimits) -> list[bytes]:
         raw += len(chunk)
         if raw > limits.max_body:
             raise HttpError(413, f"request body larger than {limits.max_body} bytes")
+        if take is not None:
+            take(len(chunk))
         parts.append(chunk)
 
 

@@ -88,6 +88,7 @@ def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
     ("--max-inflated-body", "-5", "max_inflated_body must be at least 4096"),
     ("--agent", "my agent", "agent must be printable ASCII"),
     ("--pack-cache-dir", "/proc/gitspout-cannot-be-here", "pack_cache_dir"),
+    ("--body-memory", "1MiB", "body_memory must be 0 (no cap) or at least max_inflated_body"),
 ])
 def test_bad_flags_are_refused(tmp_path: Path, flag: str, value: str, needle: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,9 +105,9 @@ def test_env_error_names_the_variable(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_sizes_take_suffixes(tmp_path: Path) -> None:
-    cfg = load_config({"root": str(tmp_path), "max_body": "32MiB", "max_inflated_body": "1G"},
+    cfg = load_config({"root": str(tmp_path), "max_body": "32MiB", "max_inflated_body": "128M"},
                       env={})
-    assert (cfg.max_body, cfg.max_inflated_body) == (32 << 20, 1 << 30)
+    assert (cfg.max_body, cfg.max_inflated_body) == (32 << 20, 128 << 20)
 
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:

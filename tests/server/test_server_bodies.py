@@ -6,9 +6,10 @@ from __future__ import annotations
 import gzip
 import time
 import zlib
+from pathlib import Path
 
 import pytest
-from gitutil import LiveServer
+from gitutil import LiveServer, start_server
 from rawhttp import (
     FLUSH,
     RESULT_CT,
@@ -25,6 +26,7 @@ from rawhttp import (
     post_upload_pack,
     read_head,
     read_until_close,
+    request,
     v2_command,
 )
 
@@ -371,3 +373,38 @@ def test_declared_length_over_the_cap_is_413_from_the_head(small_server: LiveSer
     assert data.startswith(b"HTTP/1.1 413"), data[:100]
     assert time.monotonic() - start < 2
     assert_serving(small_server.port)
+
+
+def test_bodies_over_body_memory_get_503(fixture_root: Path) -> None:
+    """--body-memory caps the request bodies held at once over all requests: a second
+    body that would pass it is refused with 503 and Retry-After (the connection then
+    ends), and once the first is gone requests are served again."""
+    import socket
+
+    cap = 512 << 10
+    srv = start_server(fixture_root, ["--max-body", str(cap), "--max-inflated-body", str(cap),
+                                      "--body-memory", str(cap), "--retry-after", "3"])
+    head = ("POST /basic.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/x-git-upload-pack-request\r\n"
+            f"Content-Length: {cap - 1000}\r\n\r\n").encode()
+    try:
+        first = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        first.sendall(head + b"0" * 400_000)  # held while the rest does not come
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as second:
+            second.sendall(head + b"0" * 200_000)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = second.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 503"), data[:200]
+        assert b"Retry-After: 3" in data and b"too many request bodies held" in data
+        first.close()
+        time.sleep(0.5)
+        assert_serving(srv.port)
+        metrics = request(srv.port, "GET", "/metrics").body.decode()
+        assert 'gitspout_admission_rejected_total{reason="body_memory"} 1.0' in metrics
+    finally:
+        srv.stop()
