@@ -354,22 +354,14 @@ def test_declared_length_over_the_cap_is_413_from_the_head(small_server: LiveSer
     """A Content-Length over --max-body is answered 413 at once: no ``100 Continue``
     inviting the client to send it, no wait for a body that would be refused (it got 408
     after --body-timeout), and the connection ends without reading it."""
-    import socket
-    import time
-
     head = ("POST /basic.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
             "Content-Type: application/x-git-upload-pack-request\r\n"
             f"Content-Length: {SMALL_MAX_BODY * 50}\r\n"
             + ("Expect: 100-continue\r\n" if expect else "") + "\r\n").encode()
     start = time.monotonic()
-    with socket.create_connection(("127.0.0.1", small_server.port), timeout=10) as sock:
+    with connect(small_server.port, 10) as sock:
         sock.sendall(head)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+        data = read_head(sock, 10)
     assert data.startswith(b"HTTP/1.1 413"), data[:100]
     assert time.monotonic() - start < 2
     assert_serving(small_server.port)
@@ -379,8 +371,6 @@ def test_bodies_over_body_memory_get_503(fixture_root: Path) -> None:
     """--body-memory caps the request bodies held at once over all requests: a second
     body that would pass it is refused with 503 and Retry-After (the connection then
     ends), and once the first is gone requests are served again."""
-    import socket
-
     cap = 512 << 10
     srv = start_server(fixture_root, ["--max-body", str(cap), "--max-inflated-body", str(cap),
                                       "--body-memory", str(cap), "--retry-after", "3"])
@@ -388,17 +378,12 @@ def test_bodies_over_body_memory_get_503(fixture_root: Path) -> None:
             "Content-Type: application/x-git-upload-pack-request\r\n"
             f"Content-Length: {cap - 1000}\r\n\r\n").encode()
     try:
-        first = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        first = connect(srv.port, 10)
         first.sendall(head + b"0" * 400_000)  # held while the rest does not come
         time.sleep(0.5)
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as second:
+        with connect(srv.port, 10) as second:
             second.sendall(head + b"0" * 200_000)
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = second.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
+            data, _ = read_until_close(second, 10)  # the connection ends after the 503
         assert data.startswith(b"HTTP/1.1 503"), data[:200]
         assert b"Retry-After: 3" in data and b"too many request bodies held" in data
         first.close()
