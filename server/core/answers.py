@@ -23,7 +23,7 @@ from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden, ref_matches_pre
 from ..graph.reachability import reachable_subset
 from ..store.packedrefs import RefSegment
 from ..store.refsnapshot import RefSnapshot
-from .context import RequestContext
+from .context import RequestContext, small_prefixes
 
 __all__ = ["SESSION_ID", "v0_capabilities", "v0_advertisement", "v2_features", "v2_capabilities",
            "ls_refs", "encoded", "object_info", "Segmented", "v0_segmented", "ls_refs_segmented"]
@@ -142,7 +142,7 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
         # A large answer is not kept whole: its chunks are the segments' encodings, kept
         # (and counted) in ref_encodings, and joining them again costs a lookup each.
         size = sum(len(c) for c in whole)
-        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES:
+        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES and _small_key(kind):
             ctx.repo.ref_cache.encoded.put(key, whole, nbytes=size + 40 * len(whole))
         return whole
     buf = PktBuffer()
@@ -155,9 +155,15 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
         _keep(chunks, buf.add(payload))
     _keep(chunks, buf.add_flush())
     _keep(chunks, buf.take())
-    if ctx.dirs.enabled and ctx.refs_cacheable(kind):
+    if ctx.dirs.enabled and ctx.refs_cacheable(kind) and _small_key(kind):
         ctx.repo.ref_cache.encoded.put(key, chunks, nbytes=sum(len(c) + 40 for c in chunks))
     return chunks
+
+
+def _small_key(kind: tuple[object, ...]) -> bool:
+    """The answer may be kept: its ref-prefixes (the last item of ``kind``) are small."""
+    last = kind[-1] if kind else ()
+    return not isinstance(last, tuple) or small_prefixes(last)
 
 def object_info(ctx: RequestContext, req: ObjectInfoRequest) -> list[bytes]:
     allowed = _reachable_subset(ctx, req.oids)
@@ -226,7 +232,8 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
             k: tuple[object, ...] = _PLAIN  # the same lines in v0 and in ls-refs
         else:
             k = ekey if whole else pkey
-        body = encodings.get((segment, k))
+        keep = k is not pkey or small_prefixes(prefixes)
+        body = encodings.get((segment, k)) if keep else None
         if body is None:
             if k is _PLAIN:
                 body = _plain_lines(segment)
@@ -240,7 +247,8 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
                 body = b"".join(map(encode_pkt, seg.refs(refs)))
             # Counted in --cache-memory; the key holds the segment (counted where it is
             # held: the packed parse, merged segments, snapshots).
-            encodings.put((segment, k), body, len(body) + 120)
+            if keep:
+                encodings.put((segment, k), body, len(body) + 120)
         if not body:
             continue
         pieces.append(body)

@@ -31,7 +31,7 @@ from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
 from .stats import PackStats
 
-__all__ = ["RequestContext"]
+__all__ = ["RequestContext", "small_prefixes", "KEY_PREFIX_BYTES"]
 
 
 def _read_refs(gitdir: str, *args: Any) -> RefSnapshot:
@@ -42,6 +42,16 @@ def _read_refs(gitdir: str, *args: Any) -> RefSnapshot:
         if exc.kind == "packed-refs" and exc.path is None:
             exc.path = os.path.join(gitdir, "packed-refs")
         raise
+
+
+KEY_PREFIX_BYTES = 4096
+
+
+def small_prefixes(prefixes: Sequence[bytes]) -> bool:
+    """Can ``prefixes`` be part of a key kept across requests? A client's ls-refs sends a
+    few short ones; 950 of 65 KB each (a 73 KB gzip body) were kept in the keys of the
+    answer caches, whose budgets count values: 62 MB each, held after the request."""
+    return sum(map(len, prefixes)) <= KEY_PREFIX_BYTES
 
 
 @dataclass
@@ -190,8 +200,10 @@ class RequestContext:
         """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
         without reading every ref directory. Read once per request. Prefixes that take in
         all of ``refs/`` (a mirror clone's) read every ref: that read is the one a fetch
-        makes, and so may be shared with one (RefCache.shared_read)."""
-        if not prefixes or self._refs is not None or any(b"refs/".startswith(p) for p in prefixes):
+        makes, and so may be shared with one (RefCache.shared_read). So do prefixes too
+        large to be part of a cache key (:func:`small_prefixes`)."""
+        if not prefixes or self._refs is not None or any(b"refs/".startswith(p) for p in prefixes) \
+                or not small_prefixes(prefixes):
             return self.refs
         key = tuple(prefixes)
         snap = self._prefixed.get(key)

@@ -9,12 +9,13 @@ for byte. Prefixes are plain string prefixes (``refs/heads/ma`` matches ``main``
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gitutil import Git, LiveServer, fsck, repo_state
+from gitutil import Git, LiveServer, copy_repo, fsck, repo_state, start_server
 from rawhttp import post_upload_pack, v2_command
 
 # Each entry is one ls-refs request's prefixes.
@@ -106,3 +107,35 @@ def test_fetch_single_branch(git: Git, server: LiveServer, mixed_repo: str, tmp_
         results.append(repo_state(git, dest))
     assert results[0] == results[1]
     assert results[0].refs.strip().endswith(f"refs/heads/{branch}")
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmRSS:"))
+
+
+def test_huge_ref_prefixes_are_answered_and_not_kept(git: Git, fixture_root: Path,
+                                                     tmp_path: Path) -> None:
+    """Eight ls-refs, each with 130 ref-prefixes of 60 KB (8 MB, one of them a real one):
+    answered as C git answers, and nothing of them kept after: they used to be the keys
+    of the answer caches (whose budgets count values), 8 MB held per request."""
+    root = tmp_path / "root"
+    copy_repo(fixture_root / "basic.git", root / "basic.git")
+    srv = start_server(root)
+    try:
+        first = _ls_refs_body(("refs/heads/",))
+        assert post_upload_pack(srv.port, first, repo="basic.git", version=2).status == 200
+        time.sleep(1.5)  # the heap trim after the first request, at idle
+        before = _rss(srv.proc.pid)
+        for k in range(8):
+            prefixes = ("refs/heads/", *(f"refs/{k}{i:04d}" + "x" * 60_000 for i in range(130)))
+            body = _ls_refs_body(prefixes)
+            resp = post_upload_pack(srv.port, body, repo="basic.git", version=2, timeout=60)
+            assert resp.status == 200
+            if k == 0:
+                assert resp.body == _c_git_answer(git, root / "basic.git", body)
+        time.sleep(2.5)  # idle: the heap trim has run
+        grown = _rss(srv.proc.pid) - before
+        assert grown < 32 << 20, f"{grown >> 20} MB kept after the requests"
+    finally:
+        srv.stop()
