@@ -30,6 +30,18 @@ def _main(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.Complete
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
+@pytest.fixture
+def never_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting that should be refused and is not would start the server in this
+    process and never return: make that a failure instead of a hang."""
+    import gitspout.server.app.cli as cli
+
+    async def refuse(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the server started: the setting was accepted")
+
+    monkeypatch.setattr(cli, "serve", refuse)
+
+
 def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert res.returncode != 0
     assert "Traceback" not in res.stderr, res.stderr
@@ -68,7 +80,7 @@ def test_unknown_host_or_missing_address_is_one_line(tmp_path: Path, host: str, 
     ("cache_memory = true\n", "'cache_memory'"),
 ])
 def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+                             capsys: pytest.CaptureFixture[str], never_serve: None) -> None:
     conf = tmp_path / "gitspout.toml"
     conf.write_text(toml)
     res = _main(capsys, "serve", "--root", str(tmp_path), "--config", str(conf))
@@ -91,14 +103,15 @@ def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
     ("--body-memory", "1MiB", "body_memory must be 0 (no cap) or at least max_inflated_body"),
 ])
 def test_bad_flags_are_refused(tmp_path: Path, flag: str, value: str, needle: str,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+                               capsys: pytest.CaptureFixture[str], never_serve: None) -> None:
     res = _main(capsys, "serve", "--root", str(tmp_path), flag, value)
     _one_line_error(res, needle)
     assert res.returncode == 2
 
 
 def test_env_error_names_the_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                      monkeypatch: pytest.MonkeyPatch,
+                                      never_serve: None) -> None:
     monkeypatch.setenv("GITSPOUT_PORT", "abc")
     res = _main(capsys, "serve", "--root", str(tmp_path))
     _one_line_error(res, "'port' (GITSPOUT_PORT)")
