@@ -131,7 +131,11 @@ async def _drain(state: ServerState, listeners: list[asyncio.Server],
     log.info("draining: %d requests in flight, up to %g s (drain-timeout)", busy, timeout)
     start = time.monotonic()
     loop = asyncio.get_running_loop()
-    cut = loop.call_later(timeout, lambda: [guard.abort_all() for guard in guards])
+    def cut_all() -> None:
+        for guard in guards:
+            guard.abort_all()
+
+    cut = loop.call_later(timeout, cut_all)
     try:
         for r in runners:
             await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes

@@ -40,7 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 from .config import Config
 from .metrics import ConnectionStats
 
-__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen", "REFUSAL",
+__all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen",
            "OneLineBadRequests", "install_log_filter", "describe_bad_request"]
 
 log = logging.getLogger("gitspout")
@@ -106,17 +106,14 @@ class ConnectionGuard:
         self.stats.open += 1
         return True
 
-    def abort_all(self) -> int:
+    def abort_all(self) -> None:
         """Drop every open connection at once (the drain's deadline): a handler blocked on
         a client that stopped reading then fails its write and ends; a plain close would
-        wait for the socket's buffer to empty, which that client never lets it do. How
-        many were open."""
-        handlers = list(self.handlers)
-        for handler in handlers:
+        wait for the socket's buffer to empty, which that client never lets it do."""
+        for handler in list(self.handlers):
             transport = handler.transport
             if transport is not None:
                 transport.abort()
-        return len(handlers)
 
     def release(self, handler: GuardedHandler) -> None:
         self.handlers.discard(handler)

@@ -128,7 +128,7 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     advertisement of an unchanged repository costs its validation and its writes.
 
     With ``segmented``, the body is put together from the encoding each segment of refs
-    keeps (:class:`~..store.refs.RefSegment`): after a change, only the segments that
+    keeps (:class:`~..store.packedrefs.RefSegment`): after a change, only the segments that
     changed are encoded again."""
     _ = ctx.config  # read first: the key names the config this answer depends on
     key = (kind, ctx.refs_state(kind), ctx.repo.config_key())
@@ -136,13 +136,16 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     hit = ctx.repo.ref_cache.encoded.get(key)
     if hit is not None:
         return hit
-    seg = segmented() if segmented is not None and ctx.dirs.enabled else None
+    # Nor for ref-prefixes too large to be part of a key (budgets count values): such an
+    # answer is made and not kept, its segments' encodings included.
+    keep = ctx.dirs.enabled and _small_key(kind)
+    seg = segmented() if segmented is not None and keep else None
     if seg is not None:
         whole = _from_segments(ctx, seg, preamble)
         # A large answer is not kept whole: its chunks are the segments' encodings, kept
         # (and counted) in ref_encodings, and joining them again costs a lookup each.
         size = sum(len(c) for c in whole)
-        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES and _small_key(kind):
+        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES:
             ctx.repo.ref_cache.encoded.put(key, whole, nbytes=size + 40 * len(whole))
         return whole
     buf = PktBuffer()
@@ -155,7 +158,7 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
         _keep(chunks, buf.add(payload))
     _keep(chunks, buf.add_flush())
     _keep(chunks, buf.take())
-    if ctx.dirs.enabled and ctx.refs_cacheable(kind) and _small_key(kind):
+    if keep and ctx.refs_cacheable(kind):
         ctx.repo.ref_cache.encoded.put(key, chunks, nbytes=sum(len(c) + 40 for c in chunks))
     return chunks
 
@@ -232,8 +235,7 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
             k: tuple[object, ...] = _PLAIN  # the same lines in v0 and in ls-refs
         else:
             k = ekey if whole else pkey
-        keep = k is not pkey or small_prefixes(prefixes)
-        body = encodings.get((segment, k)) if keep else None
+        body = encodings.get((segment, k))
         if body is None:
             if k is _PLAIN:
                 body = _plain_lines(segment)
@@ -247,8 +249,7 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
                 body = b"".join(map(encode_pkt, seg.refs(refs)))
             # Counted in --cache-memory; the key holds the segment (counted where it is
             # held: the packed parse, merged segments, snapshots).
-            if keep:
-                encodings.put((segment, k), body, len(body) + 120)
+            encodings.put((segment, k), body, len(body) + 120)
         if not body:
             continue
         pieces.append(body)

@@ -444,12 +444,11 @@ class CommitSource:
                 out.append(oid)
                 if limit is not None and len(out) > limit:
                     raise WalkTooLong(limit)
-            elif live == 0:
+            elif live == 0 and last_time is not None:
                 # Only uninteresting commits are left: as revision.c limit_list
                 # (still_interesting), walk on while they are as new as the last
                 # interesting one, then _SLOP more, so that one of them dated wrong
                 # (clock skew) still reaches the commits walked as interesting.
-                assert last_time is not None
                 slop = _SLOP if heap and -heap[0][0] >= last_time else slop - 1
             if oid in cut:
                 continue

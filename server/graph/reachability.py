@@ -344,13 +344,11 @@ def enumerate_objects(
     first = {src.commit(c).parents[0] for c in commits if src.commit(c).parents}
     edges = {p for c in commits for p in src.commit(c).parents if p in bad}
     had = {c for c in have_commits if c in bad}
-    if cut:
-        # A shallow client: what it has is marked in full, the trees of its haves too, as
-        # pack-objects does then (--objects-edge-aggressive). A deepen sends history
-        # under the client's commits, and their files are mostly the ones it has.
-        have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges | had))
-    else:
-        have_objects = _mark_have_trees(src, (src.commit(c).tree for c in edges - first))
+    # A shallow client: what it has is marked in full, the trees of its haves too, as
+    # pack-objects does then (--objects-edge-aggressive). A deepen sends history under
+    # the client's commits, and their files are mostly the ones it has.
+    marked = edges | had if cut else edges - first
+    have_objects = _mark_have_trees(src, (src.commit(c).tree for c in marked))
     have_objects.update(src.commit(c).tree for c in edges | had)
     out: list[ObjectEntry] = []
     listed: set[bytes] = set()

@@ -34,6 +34,13 @@ class FsOps:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
+    def version(self, path: str) -> tuple[int, int, int, int] | None:
+        """What the file at ``path`` is now (inode, size, mtime, ctime), None when it is
+        not there: one stat, which sees an edit in place that keeps the inode and the
+        directory's listing (C git's stat_validity_check for packed-refs)."""
+        st = self.stat_or_none(path)
+        return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
     def lstat_or_none(self, path: str) -> os.stat_result | None:
         """``lstat()``: the same one syscall as ``stat()``, counted as one, but a symlink is
         reported as itself."""

@@ -179,16 +179,7 @@ def read_config(path: str, read: Reader, gitdir: str,
     out: list[ConfigEntry] = []
     for entry in parse_config(text, os.path.basename(path) if depth == 0 else path):
         out.append(entry)
-        if entry.key != "path" or entry.value is None:
-            continue
-        if entry.section == "include" and entry.subsection is None:
-            pass
-        elif entry.section == "includeif" and entry.subsection is not None:
-            if not _condition_holds(entry.subsection, path, gitdir):
-                continue
-        else:
-            continue
-        target = _include_path(entry.value, path)
+        target = _include_target(entry, path, gitdir)
         if target is None:
             continue
         more, read_files = read_config(target, read, gitdir, depth + 1)
@@ -197,13 +188,25 @@ def read_config(path: str, read: Reader, gitdir: str,
     return out, files
 
 
-def _include_path(value: str, config_path: str) -> str | None:
-    if value.startswith("~/"):
-        home = os.environ.get("HOME")
-        return os.path.join(home, value[2:]) if home else None
-    if not value:
+def _include_target(entry: ConfigEntry, config_path: str, gitdir: str) -> str | None:
+    """The file ``entry`` includes here (``include.path``, or ``includeIf.<cond>.path``
+    whose condition holds), relative to the including file; None for any other entry."""
+    if entry.key != "path" or not entry.value:
         return None
-    return os.path.join(os.path.dirname(config_path), value)
+    if entry.section == "includeif" and entry.subsection is not None:
+        if not _condition_holds(entry.subsection, config_path, gitdir):
+            return None
+    elif entry.section != "include" or entry.subsection is not None:
+        return None
+    if entry.value.startswith("~/"):
+        return _at_home(entry.value[2:])
+    return os.path.join(os.path.dirname(config_path), entry.value)
+
+
+def _at_home(rest: str) -> str | None:
+    """``~/rest``; None without a HOME (git then skips the include or condition)."""
+    home = os.environ.get("HOME")
+    return os.path.join(home, rest) if home else None
 
 
 def _condition_holds(cond: str, config_path: str, gitdir: str) -> bool:
@@ -222,10 +225,10 @@ def _condition_holds(cond: str, config_path: str, gitdir: str) -> bool:
 
 def _gitdir_pattern(pattern: str, config_path: str) -> str | None:
     if pattern.startswith("~/"):
-        home = os.environ.get("HOME")
-        if not home:
+        at_home = _at_home(pattern[2:])
+        if at_home is None:
             return None
-        pattern = os.path.join(home, pattern[2:])
+        pattern = at_home
     elif pattern.startswith("./"):
         pattern = os.path.join(os.path.dirname(os.path.realpath(config_path)), pattern[2:])
     elif not pattern.startswith("/"):

@@ -70,9 +70,8 @@ class _Reader:
         # other writer may rewrite it in place, which only its stat shows. So it is
         # stat'ed, as C git's stat_validity_check does, and the stat is part of the
         # state key of the snapshot as well as of the parse.
-        st = self.fs.stat_or_none(os.path.join(self.gitdir, "packed-refs")) \
+        sig = self.fs.version(os.path.join(self.gitdir, "packed-refs")) \
             if entry is not None else None
-        sig = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self.state.append(("packed-refs", sig))
         key = (sig, top.key)
         cached = self.cache.packed.get(key) if self.dirs.enabled and top.trusted else None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gitspout.protocol.refs import parse_hide_pattern
@@ -171,7 +170,7 @@ class Repo:
         dirs.check_links(fs, self.gitdir, top, READ_ENTRIES)
         cached = self._config
         if dirs.enabled and cached is not None and \
-                _signature(fs, cached.files) == cached.signature:
+                tuple(map(fs.version, cached.files)) == cached.signature:
             return cached.cfg
         main = os.path.join(self.gitdir, "config")
 
@@ -181,7 +180,8 @@ class Repo:
             if path != main and dirs.guard is not None:
                 dirs.guard.check_real(f"{main} (include)", os.path.realpath(path))
             # Stat before reading: a change while it is read is seen by the next request.
-            seen.setdefault(path, _signature(fs, [path])[0])
+            if path not in seen:
+                seen[path] = fs.version(path)
             return fs.read_file_or_none(path)
 
         entries, files = read_config(main, read, self.gitdir)
@@ -196,15 +196,6 @@ class _CachedConfig:
     files: tuple[str, ...]  # the config and what it includes
     signature: tuple[object, ...]  # what each was (stat), in that order
     cfg: RepoConfig
-
-
-def _signature(fs: FsOps, paths: Iterable[str]) -> tuple[object, ...]:
-    out: list[object] = []
-    for path in paths:
-        st = fs.stat_or_none(path)
-        out.append(None if st is None else
-                   (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    return tuple(out)
 
 
 def _is_git_dir(path: str) -> bool:
