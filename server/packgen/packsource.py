@@ -316,8 +316,10 @@ class ReusePackSource:
                 k += 1
             sub = first
             for rank in range(first, stop):
-                if bases[rank] >= sub:
+                base = bases[rank]
+                if base == rank or (base >= sub and self.ofs_delta):
                     continue  # a whole object, or a delta against an entry of this run
+                # Without ofs-delta, a stored OFS_DELTA goes out as a REF_DELTA (_copy_one).
                 yield from self._copy_run(plan, sub, rank, out)
                 yield from self._copy_one(plan, rank, out)
                 sub = rank + 1
