@@ -6,6 +6,8 @@
   same changes as a diff of the fully parsed trees, for every commit of a history made of
   edits, additions, removals, renames, a file turned directory and names that look like
   tree entries.
+* A delta's base, from the headers parsed in vector steps, is the one ``git verify-pack``
+  names; a filtered clone's layout computed in vector steps is the entry loop's.
 * The bitmap walk's object set for each ref (most of them tips without a bitmap) is
   ``git rev-list --objects`` of that ref, and a mirror clone of every layout over HTTP
   passes ``git fsck`` with the same refs.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +26,12 @@ from dulwich.objects import parse_tree
 from gitspout.server.core.context import RequestContext
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
 from gitspout.server.graph.commits import _merge_changes
+from gitspout.server.packgen.layout import _SLOW, _compute, _vector_layout
 from gitspout.server.store.bitmaps import iter_set_bits
 from gitspout.server.store.objformat import OBJ_COMMIT
 from gitspout.server.store.odb import PackRegistry
-from gitspout.server.store.packs import _sort_positions
+from gitspout.server.store.packs import PackFormatError, _sort_positions
+from gitspout.server.store.packscan import base_ranks_of, scan_headers
 from gitspout.server.store.repos import RepoResolver
 from gitutil import Git, fsck, git_env, repo_state, start_server
 from hypothesis import given, settings
@@ -345,3 +350,101 @@ def test_find_before_and_after_the_prefix_array(git: Git, layouts: Path, layout:
         assert slow == fast == list(range(len(ids))) + [-1] * len(absent)
     finally:
         ctx.close()
+
+
+def _git_base_ranks(git: Git, pack: Path) -> list[int]:
+    """Per pack-order rank, the base's rank for a delta and the rank itself otherwise, from
+    ``git verify-pack -v`` (git names a delta's base by id)."""
+    rows = []
+    for line in git.out("verify-pack", "-v", str(pack.with_suffix(".idx"))).splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and len(parts[0]) == 40 and parts[1] in ("commit", "tree", "blob", "tag"):
+            rows.append((int(parts[4]), parts[0], parts[6] if len(parts) == 7 else None))
+    rows.sort()
+    rank_of = {oid: rank for rank, (_, oid, _) in enumerate(rows)}
+    return [rank_of[base] if base else rank for rank, (_, _, base) in enumerate(rows)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_base_ranks_are_git_delta_bases(git: Git, layouts: Path, layout: str) -> None:
+    """Every entry's base rank, from the headers parsed in vector steps (packscan.py), is
+    the base ``git verify-pack`` names, and what the per-entry header parser finds."""
+    ctx = _context(layouts, f"{layout}.git")
+    try:
+        (pack,) = ctx.odb.packs
+        got = list(base_ranks_of(pack))
+        assert got == _git_base_ranks(git, Path(pack.base + ".pack"))
+        assert got == [pack.base_rank_at(r) for r in range(pack.count)]
+        assert sum(1 for r, b in enumerate(got) if r != b) > pack.count // 4, "deltas to check"
+    finally:
+        ctx.close()
+
+
+def _closed_under_bases(keep: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    while True:
+        need = bases[keep]
+        need = need[need >= 0]
+        if keep[need].all():
+            return keep
+        keep[need] = True
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@given(seed=st.integers(0, 1 << 32), share=st.floats(0.01, 1.0), closed=st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_vector_layout_is_the_entry_loop(git: Git, layouts: Path, layout: str, seed: int,
+                                         share: float, closed: bool) -> None:
+    """A filtered clone's layout computed in vector steps (every delta's base selected)
+    is the one the entry-by-entry loop computes, field by field: the same rewritten
+    distances, literals and segments. A selection that leaves a base out is None for
+    both, or handed to the loop when bases may be written whole."""
+    ctx = _context(layouts, f"{layout}.git")
+    try:
+        (pack,) = ctx.odb.packs
+        bases = np.frombuffer(base_ranks_of(pack), dtype=np.int32)
+        keep = np.random.default_rng(seed).random(pack.count) < share
+        if closed:
+            keep = _closed_under_bases(keep, bases)
+        order = array("I", np.flatnonzero(keep).astype(np.uint32).tobytes())
+        if not order:
+            return
+        fast = _vector_layout(pack, order, False)
+        slow = _compute(pack, order, None, 6)
+        if closed:
+            assert fast is not None and slow is not None
+        assert (fast is None) == (slow is None)
+        if fast is not None and slow is not None:
+            assert fast == slow
+        if not closed and fast is None and slow is None:
+            assert _vector_layout(pack, order, True) is _SLOW
+    finally:
+        ctx.close()
+
+
+def test_scan_refuses_a_bad_entry_type(git: Git, layouts: Path, tmp_path: Path) -> None:
+    """An entry whose header names type 5 (reserved) or that runs past the pack is a
+    corrupt pack, as the per-entry parser says."""
+    src = layouts / "plain.git" / "objects" / "pack"
+    for damage in ("type", "truncated"):
+        root = tmp_path / damage
+        shutil.copytree(layouts / "plain.git", root / "r.git")
+        (pack_path,) = (root / "r.git" / "objects" / "pack").glob("*.pack")
+        ctx = _context(root, "r.git")
+        try:
+            (pack,) = ctx.odb.packs
+            ranks = np.arange(pack.count, dtype=np.int64)
+            last = pack.sorted_offsets[pack.count - 1]
+            raw = bytearray(pack_path.read_bytes())
+            if damage == "type":
+                raw[last] = (raw[last] & 0x8F) | (5 << 4)
+                pack_path.write_bytes(raw)  # same inode: the open descriptor reads it
+            else:
+                with open(pack_path, "r+b") as f:
+                    f.truncate(last + 1)
+                    f.seek(last)
+                    f.write(bytes([raw[last] | 0x80]))  # its size varint goes on past the end
+            with pytest.raises(PackFormatError, match="bad object type 5|truncated"):
+                scan_headers(pack, ranks)
+        finally:
+            ctx.close()
+    assert src.exists()

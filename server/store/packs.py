@@ -25,6 +25,7 @@ from .errors import StorageError
 from .faults import report_unusable
 from .lru import ByteLRU
 from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES, trailer_matches
+from .packscan import base_ranks_of
 
 __all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
            "encode_entry_header"]
@@ -580,25 +581,8 @@ class PackFile:
         return ranks
 
     def _compute_base_ranks(self) -> tuple[array, int]:
-        offs = self.sorted_offsets
-        n = self.count
-        out = array("i", bytes(4 * n))
-        end = offs[n]
-        window, win_at = b"", 0
-        for rank in range(n):
-            start = offs[rank]
-            if start + _HEADER_READ > win_at + len(window):
-                win_at = start
-                window = os.pread(self.fd, min(8 << 20, end - start + _HEADER_READ), start)
-            hdr = self.parse_header(window[start - win_at : start - win_at + _HEADER_READ], start)
-            if hdr.type_num == OFS_DELTA:
-                assert hdr.base_offset is not None
-                out[rank] = bisect_left(offs, hdr.base_offset, 0, rank)
-            elif hdr.type_num == REF_DELTA:
-                out[rank] = -1
-            else:
-                out[rank] = rank
-        return out, 4 * n
+        out = array("i", base_ranks_of(self).tobytes())  # one vector pass (packscan.py)
+        return out, 4 * len(out)
 
     # -- entries ----------------------------------------------------------------
 
