@@ -235,8 +235,9 @@ class RepoResolver:
         self.allow_outside = allow_outside  # --allow-symlinks-outside-root
         self._repos = ByteLRU[Repo]("repos", RESOLVED_ENTRIES, unit="entries",
                                     entry_bytes=REPO_BYTES)
-        self._by_url = ByteLRU[str]("repo_paths", RESOLVED_ENTRIES, unit="entries",
-                                    entry_bytes=URL_BYTES)
+        # URL path -> (real path, the path resolved when a symlink led there, else None)
+        self._by_url = ByteLRU[tuple[str, str | None]]("repo_paths", RESOLVED_ENTRIES,
+                                                       unit="entries", entry_bytes=URL_BYTES)
         self._lock = threading.Lock()
 
     def forget(self, url_path: str) -> Repo | None:
@@ -244,9 +245,10 @@ class RepoResolver:
         to the same directory, and the :class:`Repo` with its caches, which is returned."""
         key = "/".join(p for p in url_path.split("/") if p)
         with self._lock:
-            real = self._by_url.get(key)
-            if real is None:
+            found = self._by_url.get(key)
+            if found is None:
                 return None
+            real = found[0]
             self._by_url.pop(key)
             repo = self._repos.get(real)
             self._repos.pop(real)
@@ -264,19 +266,24 @@ class RepoResolver:
 
     def cached(self, url_path: str) -> Repo | None:
         """The repository already resolved for ``url_path`` (no I/O), or None."""
-        real = self._by_url.get(url_path)  # keys are canonical paths: no cleaning to redo
-        return self._repos.get(real) if real is not None else None
+        found = self._by_url.get(url_path)  # keys are canonical paths: no cleaning to redo
+        if found is None or found[1] is not None:  # through a symlink: resolve() checks it
+            return None
+        return self._repos.get(found[0])
 
     def resolve(self, url_path: str, fs: FsOps | None = None) -> Repo:
         """The repository at ``url_path`` (relative to root), or :class:`RepoNotFound`."""
         parts = _clean_segments(url_path)
         key = "/".join(parts)
-        real = self._by_url.get(key)
-        found = self._repos.get(real) if real is not None else None
-        if found is not None:
+        mapped = self._by_url.get(key)
+        found = self._repos.get(mapped[0]) if mapped is not None else None
+        if found is not None and mapped is not None:
             # No syscall here: the request's first read of the git directory (through
-            # the listing cache) finds out if the repository went away.
-            return found
+            # the listing cache) finds out if the repository went away. A path that led
+            # through a symlink is followed again (a few lstat()s): a link repointed to
+            # another repository (a blue/green flip) is served from its new target at once.
+            if mapped[1] is None or os.path.realpath(mapped[1]) == mapped[0]:
+                return found
         outside: tuple[str, str] | None = None
         for cand in self._candidates(parts):
             real = os.path.realpath(cand)
@@ -290,7 +297,8 @@ class RepoResolver:
                 if repo is None:
                     repo = Repo(key, real)
                     self._repos.put(real, repo)
-                self._by_url.put(key, real)
+                linked = None if real == os.path.normpath(cand) else cand
+                self._by_url.put(key, (real, linked))
             return repo
         if outside is not None:
             log.warning("refusing /%s: %s leads to %s, outside the root", key, *outside)

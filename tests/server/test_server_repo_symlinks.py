@@ -308,6 +308,30 @@ def test_retargeted_link_is_seen_at_the_next_request(git: Git, guarded: LiveServ
     _clone_both(git, guarded, "hop-user.git", tmp_path / "again")
 
 
+def test_repointed_repository_link_serves_its_new_target(git: Git, guarded: LiveServer,
+                                                         tmp_path: Path) -> None:
+    """The repository path itself is a link, flipped to another repository (a blue/green
+    deployment, a restore): the next request is answered from the new target, as C git
+    over file:// is, not from the resolution kept from the first request."""
+    root = guarded.root
+    store = root / "store"
+    store.mkdir()
+    tips = []
+    for name in ("v1", "v2"):
+        work = tmp_path / name
+        git.run("init", "-q", "-b", "main", str(work))
+        tips.append(Committer(git, work).commit({"f.txt": f"{name}\n"}, name))
+        git.run("clone", "-q", "--bare", str(work), str(store / f"{name}.git"))
+    os.symlink("store/v1.git", root / "flip.git")
+    url = f"{guarded.url}/flip.git"
+    assert git.out("ls-remote", url, "refs/heads/main").split()[0] == tips[0]
+    os.symlink("store/v2.git", root / "flip.new")
+    os.replace(root / "flip.new", root / "flip.git")
+    assert git.out("ls-remote", url) == git.out("ls-remote", f"file://{root / 'flip.git'}")
+    assert git.out("ls-remote", url, "refs/heads/main").split()[0] == tips[1]
+    _clone_both(git, guarded, "flip.git", tmp_path / "after")
+
+
 def test_option_from_env_and_toml(tmp_path: Path) -> None:
     assert load_config({"root": str(tmp_path)}, env={}).allow_symlinks_outside_root is False
     cfg = load_config({"root": str(tmp_path)},
