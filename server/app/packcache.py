@@ -72,6 +72,14 @@ SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
 # same key again, share a copy: a reader of a local file costs less than pool round trips
 # (docs/ARCHITECTURE.md, "Pack cache").
 WHOLE_COPY_MAX = 4 << 20
+# After a cache file could not be written (the disk is full), requests stream without the
+# cache this long before it is tried again.
+WRITE_COOLDOWN = 30.0
+
+
+class CacheWriteError(Exception):
+    """Writing a cache file failed (ENOSPC, EIO, the directory gone): the cache's fault,
+    not the repository's. The readers then generate the pack themselves (_resume)."""
 
 
 @dataclass
@@ -87,6 +95,8 @@ class _Entry:
     objects: int = 0
     done: bool = False
     failed: str | None = None  # the in-band error text every reader ends with
+    resumable: bool = False  # failed writing the file: readers go on from their own source
+    completed: float = 0.0  # when it was done (the TTL counts from here)
     verbatim: tuple[object, ...] | None = None  # the key of a pack sent whole: no file bytes
     readers: int = 0
     listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
@@ -120,7 +130,27 @@ class PackCacheStats:
 
 
 DIR_PREFIX = "gitspout-packcache-"
-ORPHAN_AGE = 60.0  # seconds: younger directories may be a starting server's, not locked yet
+NEW_PREFIX = ".gitspout-packcache-new-"  # made, then locked, then renamed to DIR_PREFIX...
+ORPHAN_AGE = 60.0  # seconds: a NEW_PREFIX directory younger than this may be being locked
+
+
+def make_directory(base: str) -> tuple[str, int]:
+    """A cache directory of this process's own in ``base`` and the descriptor holding its
+    flock. It is made under a temporary name and locked before it is renamed, so a
+    directory with the final prefix is locked from the moment it has that name: an
+    unlocked one is a dead server's, whatever its age (a crash loop restarts within
+    seconds)."""
+    tmp = tempfile.mkdtemp(prefix=NEW_PREFIX, dir=base)
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        final = os.path.join(base, DIR_PREFIX + os.path.basename(tmp)[len(NEW_PREFIX):])
+        os.rename(tmp, final)
+    except OSError:
+        os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, fd
 
 
 def reclaim_orphans(base: str) -> int:
@@ -129,13 +159,14 @@ def reclaim_orphans(base: str) -> int:
     directory, which the kernel releases when the process dies, however it dies."""
     removed = 0
     try:
-        found = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX) and e.is_dir()]
+        found = [e for e in os.scandir(base)
+                 if e.name.startswith((DIR_PREFIX, NEW_PREFIX)) and e.is_dir()]
     except OSError:
         return 0
     now = time.time()
     for entry in found:
         try:
-            if now - entry.stat().st_mtime < ORPHAN_AGE:
+            if entry.name.startswith(NEW_PREFIX) and now - entry.stat().st_mtime < ORPHAN_AGE:
                 continue
             fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
@@ -165,9 +196,8 @@ class PackCache:
         # files, and shutdown removes everything this process wrote. It is locked while
         # this process lives, so that a server started after a crash (an OOM kill keeps
         # the emptyDir) removes it.
-        self.directory = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)
-        self._lock = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.base = base
+        self.directory, self._lock = make_directory(base)
         self.max_bytes = max_bytes
         self.ttl = ttl
         self.second = on == "second"
@@ -178,6 +208,7 @@ class PackCache:
         self.stats = PackCacheStats()
         self._serial = 0
         self.producers: set[asyncio.Task[None]] = set()  # referenced until they end
+        self.write_failed_at = -WRITE_COOLDOWN  # monotonic time of the last CacheWriteError
 
     # -- the index ---------------------------------------------------------------
 
@@ -193,6 +224,8 @@ class PackCache:
             result = "hit" if entry.done else "joined"
         elif self.second and key not in self.seen:
             self._remember(key)
+            result, entry = "bypass", None
+        elif now - self.write_failed_at < WRITE_COOLDOWN:
             result, entry = "bypass", None
         else:
             self.seen.pop(key, None)
@@ -221,12 +254,28 @@ class PackCache:
         self._serial += 1
         path = os.path.join(self.directory, f"{key.hex()[:40]}-{self._serial}.pack")
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileNotFoundError:  # removed under us (a temp dir cleaner): a new one
+                self._replace_directory()
+                path = os.path.join(self.directory, os.path.basename(path))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except OSError as exc:  # the cache directory is unusable: serve without it
             log.warning("pack cache: cannot create %s: %s", path, exc)
             return None
         entry = self.entries[key] = _Entry(key, path, repo, now)
         return entry
+
+    def _replace_directory(self) -> None:
+        """Our directory is gone: make another. Entries listed in the old one have lost
+        their files (readers keep their descriptors); they are dropped."""
+        for entry in list(self.entries.values()):
+            self._drop(entry, "failed")
+        os.makedirs(self.base, exist_ok=True)
+        directory, lock = make_directory(self.base)
+        os.close(self._lock)
+        self.directory, self._lock = directory, lock
+        log.warning("pack cache: its directory was removed; now %s", directory)
 
     def _drop(self, entry: _Entry, reason: str | None) -> None:
         """Unlist an entry and unlink its file; its readers keep reading from their open
@@ -255,7 +304,7 @@ class PackCache:
     def _expire(self, now: float) -> None:
         if self.ttl <= 0:
             return
-        old = [e for e in self.entries.values() if e.done and now - e.created > self.ttl]
+        old = [e for e in self.entries.values() if e.done and now - e.completed > self.ttl]
         for entry in old:
             self._drop(entry, "ttl")
 
@@ -307,6 +356,7 @@ class PackCache:
                 if large or (entry.readers <= 1 and self._first_alone(entry.key)):
                     entry.verbatim, entry.objects = source.pack.key, source.stats.objects
                     entry.done = True
+                    entry.completed = time.monotonic()
                     if not large:
                         self._drop(entry, None)  # the next request decides again
                     return
@@ -316,6 +366,7 @@ class PackCache:
                 for item in await step:
                     if item is PULL_END:
                         entry.done = True
+                        entry.completed = time.monotonic()
                         if ctx.pack_stats is not None:
                             entry.objects = ctx.pack_stats.objects
                     elif isinstance(item, Progress):
@@ -323,6 +374,14 @@ class PackCache:
                     else:
                         self._grew(entry, item)
                 entry.wake()
+        except CacheWriteError as exc:
+            # Not the client's fault nor the repository's: each reader generates the rest
+            # itself, and new requests stream without the cache for a while.
+            log.warning("pack cache: cannot write %s (%s); streaming without the cache "
+                        "for %.0f s", entry.path, exc, WRITE_COOLDOWN)
+            self.write_failed_at = time.monotonic()
+            entry.resumable = True
+            entry.failed = "pack cache write failed"
         except Exception as exc:  # every reader ends with it, in-band
             answer = answer_for(exc, entry.repo, started=True)
             entry.failed = answer.text if answer is not None else INTERNAL_ERROR
@@ -347,14 +406,16 @@ class PackCache:
         return fd
 
     async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
-                   no_progress: bool) -> bool:
-        """Send the entry to one client as it grows, framed for that client. True when
-        the entry turned out to name a pack to send whole (nothing was sent here)."""
+                   no_progress: bool) -> int | None:
+        """Send the entry to one client as it grows, framed for that client. Returns None
+        when it is sent (or failed, in-band), :data:`WHOLE` when the entry turned out to
+        name a pack to send whole (nothing was sent here), or the number of pack bytes
+        sent when the producer could not write the file (the caller goes on: _resume)."""
         pos = shown = since_yield = 0
         try:
             while True:
                 if entry.verbatim is not None:
-                    return True
+                    return WHOLE
                 while shown < len(entry.progress) and entry.progress[shown][0] <= pos:
                     if not no_progress:
                         await writer.progress(entry.progress[shown][1])
@@ -371,11 +432,13 @@ class PackCache:
                     if since_yield >= YIELD_EVERY:
                         since_yield = 0
                         await asyncio.sleep(0)
+                elif entry.failed is not None and entry.resumable:
+                    return pos
                 elif entry.failed is not None:
                     await writer.error(entry.failed, in_band=True)
-                    return False
+                    return None
                 elif entry.done and shown == len(entry.progress):
-                    return False
+                    return None
                 elif not entry.done and not await entry.changed(keepalive):
                     await writer.keepalive()
         finally:
@@ -383,6 +446,10 @@ class PackCache:
             entry.readers -= 1
             if entry.readers == 0 and not entry.done:
                 entry.wake()  # the producer notices at its next step and stops
+
+
+WHOLE = -1
+"""What :meth:`PackCache.read` returns for an entry naming a pack to send whole."""
 
 
 def _release_when_done(step: asyncio.Future[Any] | None, it: Iterator[Any] | None, fd: int,
@@ -417,8 +484,11 @@ def _produce_step(it: Iterator[Any], fd: int) -> list[object]:
     for item in pull_items(it):
         if isinstance(item, bytes | bytearray | memoryview):
             view = memoryview(item)
-            while view:
-                view = view[os.write(fd, view):]
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as exc:
+                raise CacheWriteError(exc.strerror or str(exc)) from exc
             out.append(len(item))
         else:
             out.append(item)
@@ -485,21 +555,66 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
         if entry.done or result == "miss":  # in production: its readers have their fds
             cache.discard(entry)
+        cache.stats.lookups[result] -= 1  # nothing came from the cache after all
+        cache.stats.lookups["bypass"] += 1
         await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
-    if result == "miss":
-        task = asyncio.get_running_loop().create_task(
-            cache.produce(entry, ctx, plan, executor, make_iter))
-        cache.producers.add(task)
-        task.add_done_callback(cache.producers.discard)
-        if await cache.read(entry, fd, writer, keepalive, no_progress):
+    # Kept open for _resume: read() closes its own descriptor.
+    again = os.dup(fd)
+    try:
+        if result == "miss":
+            task = asyncio.get_running_loop().create_task(
+                cache.produce(entry, ctx, plan, executor, make_iter))
+            cache.producers.add(task)
+            task.add_done_callback(cache.producers.discard)
+        else:
+            ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
+        stats = ctx.pack_stats
+        sent = await cache.read(entry, fd, writer, keepalive, no_progress)
+        if sent == WHOLE:
             await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
-        return
-    stats = ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
-    if await cache.read(entry, fd, writer, keepalive, no_progress):
-        await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
-        return
-    stats.objects, stats.size = entry.objects, entry.size
+        elif sent is not None:
+            await _resume(again, sent, writer, executor, make_iter, keepalive, no_progress)
+        elif result != "miss" and stats is not None:
+            stats.objects, stats.size = entry.objects, entry.size
+    finally:
+        os.close(again)
+
+
+async def _resume(fd: int, sent: int, writer: PktWriter, executor: Executor,
+                  make_iter: Callable[[PackSource | None], Iterator[Any]], keepalive: float,
+                  no_progress: bool) -> None:
+    """The cache file could not be written past ``sent`` bytes, which this client has:
+    generate the pack here and send what follows. Packs are a function of their key, so
+    the first ``sent`` bytes are those already sent; they are checked against the file
+    (``fd``) all the same, and a difference ends the response in-band, never a spliced
+    pack."""
+    await pump_pack(writer, executor, lambda: _after(make_iter(None), fd, sent), keepalive,
+                    no_progress)
+
+
+class PackDiverged(Exception):
+    """A regenerated pack does not begin with the bytes a client already got."""
+
+
+def _after(it: Iterator[Any], fd: int, skip: int) -> Iterator[Any]:
+    """``it`` without its first ``skip`` pack bytes (compared with ``fd``'s) and the
+    progress lines that came with them."""
+    seen = 0
+    for item in it:
+        if seen >= skip:
+            yield item
+            continue
+        if not isinstance(item, bytes | bytearray | memoryview):
+            continue  # progress already shown
+        take = min(len(item), skip - seen)
+        if os.pread(fd, take, seen) != bytes(item[:take]):
+            raise PackDiverged("a regenerated pack differs from the bytes already sent")
+        seen += take
+        if take < len(item):
+            yield bytes(item[take:])
+    if seen < skip:
+        raise PackDiverged("a regenerated pack is shorter than what was already sent")
 
 
 async def _send_whole(entry: _Entry, ctx: RequestContext, writer: PktWriter, executor: Executor,

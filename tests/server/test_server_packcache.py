@@ -12,6 +12,7 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -389,7 +390,9 @@ def test_cache_file_removed_behind_its_back(git: Git, fixture_root: Path, tmp_pa
         git.run("clone", "--mirror", "-q", url, str(tmp_path / "b.git"))
         fsck(git, tmp_path / "b.git")
         git.run("clone", "--mirror", "-q", url, str(tmp_path / "c.git"))
-        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 0}
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "d.git"))
+        # b found the entry but not its file: counted as served without the cache
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 1}
         assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="failed"}'] == 1
     finally:
         srv.stop()
@@ -511,27 +514,96 @@ def test_lone_clone_of_a_medium_whole_pack_is_not_copied(git: Git, tmp_path: Pat
 
 def test_directories_of_killed_servers_are_reclaimed(fixture_root: Path, tmp_path: Path) -> None:
     """A server killed with SIGKILL (an OOM kill keeps the emptyDir) never removed its
-    directory; the next server in the same place does, and leaves a live one's alone."""
+    directory; the next server in the same place removes it at once (a crash loop restarts
+    within seconds), and leaves a live one's alone. A directory still being set up (its
+    temporary name) is left alone while it is young."""
     cache_dir = tmp_path / "cache"
     killed = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
     (orphan,) = cache_dir.glob("gitspout-packcache-*")
     (orphan / "x.pack").write_bytes(b"left behind")
     killed.proc.kill()
     killed.proc.wait(timeout=10)
-    alive = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    young, old = cache_dir / ".gitspout-packcache-new-young", cache_dir / ".gitspout-packcache-new-old"
+    young.mkdir()
+    old.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    said: list[str] = []
+    alive = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)], output=said)
     try:
-        (mine,) = set(cache_dir.glob("gitspout-packcache-*")) - {orphan}
-        old = time.time() - 3600  # younger ones may belong to a server starting up
-        for d in (orphan, mine):
-            os.utime(d, (old, old))
-        said: list[str] = []
-        last = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)], output=said)
+        (mine,) = cache_dir.glob("gitspout-packcache-*")
+        assert mine != orphan and young.exists() and not old.exists()
+        assert any("removed 2 directories of stopped servers" in line for line in said)
+        last = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
         try:
             left = set(cache_dir.glob("gitspout-packcache-*"))
-            assert orphan not in left and mine in left and len(left) == 2
-            assert any("removed 1 directories of stopped servers" in line for line in said)
+            assert mine in left and len(left) == 2
         finally:
             last.stop()
     finally:
         alive.stop()
     assert not list(cache_dir.glob("gitspout-packcache-*"))  # each removed its own
+
+
+def test_cache_directory_removed_is_made_again(git: Git, fixture_root: Path,
+                                                tmp_path: Path) -> None:
+    """A temp-dir cleaner removed the server's whole cache directory: the next fetch that
+    would be cached makes a new one (it is not a bypass for the rest of the process)."""
+    cache_dir = tmp_path / "cache"
+    srv = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/basic.git"
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "a.git"))
+        (first,) = cache_dir.glob("gitspout-packcache-*")
+        shutil.rmtree(first)
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "b.git"))
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "c.git"))
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "d.git"))
+        fsck(git, tmp_path / "d.git")
+        assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 1}
+        (second,) = cache_dir.glob("gitspout-packcache-*")
+        assert second != first and len(list(second.iterdir())) == 1
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: room for the cache directory, not for a pack."""
+    where = tmp_path / "small"
+    where.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                          capture_output=True, timeout=30)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], timeout=30, check=False)
+
+
+def test_full_cache_disk_falls_back_to_streaming(git: Git, cache_root: Path, full_disk: Path,
+                                                 tmp_path: Path) -> None:
+    """The cache disk fills up mid-pack (ENOSPC): the clones reading that entry generate
+    the rest themselves (checked against the bytes they already got) and complete; the
+    next ones stream without the cache for a while. None fails, and the log blames the
+    cache, not the repository."""
+    said: list[str] = []
+    srv = start_server(cache_root, ["--pack-cache-dir", str(full_disk)], output=said)
+    try:
+        url = f"{srv.url}/{STORM}"
+        dests = [tmp_path / f"c{i}.git" for i in range(4)]
+        results = wait_all(clone_procs(git, url, dests))
+        results += wait_all(clone_procs(git, url, [tmp_path / "late.git"]))
+        assert all(rc == 0 for rc, _ in results), results
+        ref = tmp_path / "file.git"
+        git.run("clone", "-q", "--mirror", f"file://{cache_root / STORM}", str(ref))
+        for d in [*dests, tmp_path / "late.git"]:
+            fsck(git, d)
+            assert git.out("--git-dir", str(d), "rev-parse", "main") == git.out(
+                "--git-dir", str(ref), "rev-parse", "main")
+        assert any("pack cache: cannot write" in line for line in said), said[-5:]
+        assert not any("cannot read repository" in line for line in said)
+        seen = lookups(srv)
+        assert seen["miss"] == 1 and seen["bypass"] >= 1, seen
+    finally:
+        srv.stop()
