@@ -53,6 +53,7 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.stats import PackStats, Progress
 from ..packgen.packplan import build_pack_source
+from ..store.odb import ObjectSnapshot
 from ..packgen.packsource import PackSource, WholePackSource
 from .errors import INTERNAL_ERROR, answer_for
 from .stream import PULL_END, PktWriter, pull_items, pump_pack
@@ -503,11 +504,19 @@ def _tags_digest(ctx: RequestContext) -> bytes:
     return hashlib.sha256(b"\n".join(tags)).digest() if tags else b""
 
 
+def _packs_digest(odb: ObjectSnapshot) -> bytes:
+    """The frozen pack set of ``odb`` and, in order, of each alternate it reads (an
+    alternates file added, changed or removed is a new key)."""
+    alts = b"".join(b"\0a" + alt.objects_dir.encode() + _packs_digest(alt)
+                    for alt in odb.alternates)
+    return repr([p.key for p in odb.packs]).encode() + alts
+
+
 def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
     """What the pack's bytes are a function of (blocking, in the pool).
 
     The repository and its frozen pack set (name and inode per pack: a repack is a new
-    key); what the ref state decided for this pack: the wants resolved against the visible
+    key), and those of its alternates; what the ref state decided for this pack: the wants resolved against the visible
     refs (want-ref included; a push moves them), with the parents an unshallow adds, and
     the visible tags when include-tag may add them; the effective common set (haves we do
     not have change nothing), the shallow cut, the filter, and the capabilities that change
@@ -522,7 +531,7 @@ def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
     req = plan.req
     parts = [
         ctx.repo.gitdir.encode(), ctx.object_format.encode(),
-        repr([p.key for p in ctx.odb.packs]).encode(),
+        _packs_digest(ctx.odb),
         b"w", *sorted(set(plan.wants) | set(plan.shallow.extra_wants)),
         b"c", *sorted(plan.common), b"s", *sorted(plan.shallow.cut),
         b"%d" % plan.shallow.sent, repr(req.filter).encode(),

@@ -607,3 +607,38 @@ def test_full_cache_disk_falls_back_to_streaming(git: Git, cache_root: Path, ful
         assert seen["miss"] == 1 and seen["bypass"] >= 1, seen
     finally:
         srv.stop()
+
+
+def test_alternates_are_part_of_the_key(git: Git, fixture_root: Path, tmp_path: Path,
+                                        cache_dir: Path) -> None:
+    """A repository whose objects come through ``objects/info/alternates``: once the file
+    is removed, an identical clone is not answered from the cache (it fails, as C git's
+    does over file://); put back, it is served again."""
+    root = tmp_path / "root"
+    root.mkdir()
+    base = root / "base.git"
+    git.run("clone", "-q", "--mirror", str(fixture_root / "basic.git"), str(base))
+    borrower = root / "borrower.git"
+    git.run("init", "-q", "--bare", str(borrower))
+    alternates = borrower / "objects" / "info" / "alternates"
+    alternates.write_text(str(base / "objects") + "\n")
+    for line in git.out("--git-dir", str(base), "for-each-ref",
+                        "--format=%(objectname) %(refname)").splitlines():
+        oid, name = line.split()
+        git.run("--git-dir", str(borrower), "update-ref", name, oid)
+    srv = start_server(root, ["--pack-cache-dir", str(cache_dir)])
+    try:
+        url = f"{srv.url}/borrower.git"
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "a.git"))
+        fsck(git, tmp_path / "a.git")
+        alternates.unlink()
+        theirs = git.run("clone", "--mirror", "-q", f"file://{borrower}",
+                         str(tmp_path / "file.git"), check=False)
+        ours = git.run("clone", "--mirror", "-q", url, str(tmp_path / "b.git"), check=False)
+        assert theirs.returncode != 0 and ours.returncode != 0
+        assert lookups(srv)["hit"] == 0
+        alternates.write_text(str(base / "objects") + "\n")
+        git.run("clone", "--mirror", "-q", url, str(tmp_path / "c.git"))
+        fsck(git, tmp_path / "c.git")
+    finally:
+        srv.stop()
