@@ -53,8 +53,8 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.stats import PackStats, Progress
 from ..packgen.packplan import build_pack_source
-from ..store.odb import ObjectSnapshot
 from ..packgen.packsource import PackSource, WholePackSource
+from ..store.odb import ObjectSnapshot
 from .errors import INTERNAL_ERROR, answer_for
 from .stream import PULL_END, PktWriter, pull_items, pump_pack
 
@@ -516,12 +516,13 @@ def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
     """What the pack's bytes are a function of (blocking, in the pool).
 
     The repository and its frozen pack set (name and inode per pack: a repack is a new
-    key), and those of its alternates; what the ref state decided for this pack: the wants resolved against the visible
-    refs (want-ref included; a push moves them), with the parents an unshallow adds, and
-    the visible tags when include-tag may add them; the effective common set (haves we do
-    not have change nothing), the shallow cut, the filter, and the capabilities that change
-    the bytes (thin-pack, ofs-delta, include-tag). Side-band, progress and the protocol
-    version only change the framing, applied per reader. Never who asks.
+    key), and those of its alternates; what the ref state decided for this pack: the
+    wants resolved against the visible refs (want-ref included; a push moves them), with
+    the parents an unshallow adds, and the visible tags when include-tag may add them;
+    the effective common set (haves we do not have change nothing), the shallow cut, the
+    filter, and the capabilities that change the bytes (thin-pack, ofs-delta,
+    include-tag). Side-band, progress and the protocol version only change the framing,
+    applied per reader. Never who asks.
 
     The ref state goes in by value, not as the listing's state token: the token changes
     with every unrelated ref update, and once more when a fresh listing stops being racy

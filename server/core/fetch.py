@@ -24,7 +24,7 @@ from gitspout.protocol.refs import Ref
 from ..graph.negotiation import HaveTracker
 from ..graph.reachability import check_wants, reachable_subset
 from ..graph.shallow import ShallowPlan, plan_shallow
-from ..store.objformat import OBJ_COMMIT
+from ..store.objformat import OBJ_COMMIT, OBJ_TAG
 from ..store.odb import ObjectStoreError
 from ..store.repos import RepoConfig
 from .context import RequestContext
@@ -144,6 +144,32 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
     return known
 
 
+def _orphan_tag_ok(ctx: RequestContext, oid: bytes, tips: frozenset[bytes]) -> bool:
+    """May ``oid``, a want no visible ref reaches, be served as a tag no ref names any
+    more? A client that read a tag before it was moved (``git tag -f``, a nightly tag)
+    asks for the old tag object: C git's v0 check passes it when its commit is
+    reachable, and the fetch succeeds. Here it must be a tag object whose chain of tags
+    no ref holds, hidden or not (nor passes through, for a hidden ref naming a tag), and
+    whose final object a visible ref reaches: what it adds is tag objects nothing refers
+    to, never an object reachable from a hidden ref (ARCHITECTURE.md P7)."""
+    try:
+        if ctx.src.object_type(oid) != OBJ_TAG:
+            return False
+        target, _, chain = ctx.src.peel(oid)
+    except ObjectStoreError:
+        return False
+    snap = ctx.refs
+    everything = {bytes.fromhex(h.decode()) for h in snap.visible_oids(())}
+    if snap.head.oid is not None:
+        everything.add(bytes.fromhex(snap.head.oid.decode()))
+    if everything & set(chain):
+        return False  # a hidden ref holds one of them (a visible one would be a tip)
+    for held in everything - tips:  # hidden refs: the tags their own chains pass
+        if ctx.src.object_type(held) == OBJ_TAG and set(ctx.src.peel(held)[2]) & set(chain):
+            return False
+    return check_wants(ctx.src, [target], tips) is None
+
+
 def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
     """Every want must exist and, unless allowAnySHA1InWant, be reachable from a visible
     ref (ARCHITECTURE.md P7). The refusal names the first offending id, as C git does."""
@@ -165,6 +191,10 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
     if not missing and ctx.config.allow_any_sha1:
         return
     bad = missing[0] if missing else check_wants(ctx.src, wants, tips)
+    accepted: set[bytes] = set()
+    while bad is not None and not missing and _orphan_tag_ok(ctx, bad, tips):
+        accepted.add(bad)
+        bad = check_wants(ctx.src, [w for w in wants if w not in accepted], tips)
     if bad is not None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",
