@@ -80,7 +80,7 @@ WRITE_COOLDOWN = 30.0
 
 class CacheWriteError(Exception):
     """Writing a cache file failed (ENOSPC, EIO, the directory gone): the cache's fault,
-    not the repository's. The readers then generate the pack themselves (_resume)."""
+    not the repository's. The readers then generate the pack themselves (_After)."""
 
 
 @dataclass
@@ -406,12 +406,19 @@ class PackCache:
         entry.readers += 1
         return fd
 
+    def close_reader(self, entry: _Entry, fd: int) -> None:
+        """Undo :meth:`open_reader` (nothing was read)."""
+        os.close(fd)
+        entry.readers -= 1
+        if entry.readers == 0 and not entry.done:
+            entry.wake()
+
     async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
                    no_progress: bool) -> int | None:
         """Send the entry to one client as it grows, framed for that client. Returns None
         when it is sent (or failed, in-band), :data:`WHOLE` when the entry turned out to
         name a pack to send whole (nothing was sent here), or the number of pack bytes
-        sent when the producer could not write the file (the caller goes on: _resume)."""
+        sent when the producer could not write the file (the caller goes on: _After)."""
         pos = shown = since_yield = 0
         try:
             while True:
@@ -561,6 +568,11 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         return
     try:
         fd = cache.open_reader(entry)
+        try:
+            again = os.dup(fd)  # kept for _After: read() closes its own descriptor
+        except OSError:
+            cache.close_reader(entry, fd)
+            raise
     except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
         log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
         if entry.done or result == "miss":  # in production: its readers have their fds
@@ -569,8 +581,6 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         cache.stats.lookups["bypass"] += 1
         await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
-    # Kept open for _resume: read() closes its own descriptor.
-    again = os.dup(fd)
     try:
         if result == "miss":
             task = asyncio.get_running_loop().create_task(
@@ -584,47 +594,72 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         if sent == WHOLE:
             await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
         elif sent is not None:
-            await _resume(again, sent, writer, executor, make_iter, keepalive, no_progress)
+            after, again = _After(again, sent, lambda: make_iter(None)), -1  # it closes it
+            try:
+                await pump_pack(writer, executor, lambda: after, keepalive, no_progress)
+            finally:
+                if after.it is None:  # never stepped (cancelled early): pump_pack won't close
+                    after.close()
         elif result != "miss" and stats is not None:
             stats.objects, stats.size = entry.objects, entry.size
     finally:
-        os.close(again)
-
-
-async def _resume(fd: int, sent: int, writer: PktWriter, executor: Executor,
-                  make_iter: Callable[[PackSource | None], Iterator[Any]], keepalive: float,
-                  no_progress: bool) -> None:
-    """The cache file could not be written past ``sent`` bytes, which this client has:
-    generate the pack here and send what follows. Packs are a function of their key, so
-    the first ``sent`` bytes are those already sent; they are checked against the file
-    (``fd``) all the same, and a difference ends the response in-band, never a spliced
-    pack."""
-    await pump_pack(writer, executor, lambda: _after(make_iter(None), fd, sent), keepalive,
-                    no_progress)
+        if again >= 0:
+            os.close(again)
 
 
 class PackDiverged(Exception):
     """A regenerated pack does not begin with the bytes a client already got."""
 
 
-def _after(it: Iterator[Any], fd: int, skip: int) -> Iterator[Any]:
-    """``it`` without its first ``skip`` pack bytes (compared with ``fd``'s) and the
-    progress lines that came with them."""
-    seen = 0
-    for item in it:
-        if seen >= skip:
-            yield item
-            continue
-        if not isinstance(item, bytes | bytearray | memoryview):
-            continue  # progress already shown
-        take = min(len(item), skip - seen)
-        if os.pread(fd, take, seen) != bytes(item[:take]):
-            raise PackDiverged("a regenerated pack differs from the bytes already sent")
-        seen += take
-        if take < len(item):
-            yield bytes(item[take:])
-    if seen < skip:
-        raise PackDiverged("a regenerated pack is shorter than what was already sent")
+class _After:
+    """The cache file could not be written past ``skip`` bytes, which this client has:
+    the pack generated here (``make()``, on the first step, in the pool), without its first
+    ``skip`` bytes and the progress lines that came with them. Those bytes are compared
+    with the file (``fd``): a pack made again is usually the same, but not always (new
+    deltas have a CPU-time budget), and a difference ends the response in-band
+    (:class:`PackDiverged`), never with a spliced pack. ``fd`` is closed by :meth:`close`,
+    which ``pump_pack`` calls once no pool step is using it."""
+
+    def __init__(self, fd: int, skip: int, make: Callable[[], Iterator[Any]]) -> None:
+        self.fd, self.skip, self.seen = fd, skip, 0
+        self.make = make
+        self.it: Iterator[Any] | None = None
+
+    def __iter__(self) -> _After:
+        return self
+
+    def __next__(self) -> Any:
+        if self.fd < 0:  # closed before a step queued earlier ran
+            raise StopIteration
+        if self.it is None:
+            self.it = self.make()
+        while True:
+            try:
+                item = next(self.it)
+            except StopIteration:
+                if self.seen < self.skip:
+                    raise PackDiverged("a regenerated pack is shorter than what was sent") from None
+                raise
+            if self.seen >= self.skip:
+                return item
+            if not isinstance(item, bytes | bytearray | memoryview):
+                continue  # progress already shown
+            take = min(len(item), self.skip - self.seen)
+            if os.pread(self.fd, take, self.seen) != bytes(item[:take]):
+                raise PackDiverged("a regenerated pack differs from the bytes already sent")
+            self.seen += take
+            if take < len(item):
+                return bytes(item[take:])
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.it, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
 
 
 async def _send_whole(entry: _Entry, ctx: RequestContext, writer: PktWriter, executor: Executor,

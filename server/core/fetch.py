@@ -21,9 +21,11 @@ from gitspout.protocol.filters import (
 from gitspout.protocol.negotiate import V0Answer, V2Answer, negotiate_v0, negotiate_v2
 from gitspout.protocol.refs import Ref
 
+from ..graph.commits import PEEL_LIMIT
 from ..graph.negotiation import HaveTracker
 from ..graph.reachability import check_wants, reachable_subset
 from ..graph.shallow import ShallowPlan, plan_shallow
+from ..store.errors import StorageError
 from ..store.objformat import OBJ_COMMIT, OBJ_TAG
 from ..store.odb import ObjectStoreError
 from ..store.repos import RepoConfig
@@ -144,30 +146,52 @@ def _known_commits(ctx: RequestContext, shallows: Sequence[bytes]) -> list[bytes
     return known
 
 
-def _orphan_tag_ok(ctx: RequestContext, oid: bytes, tips: frozenset[bytes]) -> bool:
-    """May ``oid``, a want no visible ref reaches, be served as a tag no ref names any
-    more? A client that read a tag before it was moved (``git tag -f``, a nightly tag)
-    asks for the old tag object: C git's v0 check passes it when its commit is
-    reachable, and the fetch succeeds. Here it must be a tag object whose chain of tags
-    no ref holds, hidden or not (nor passes through, for a hidden ref naming a tag), and
-    whose final object a visible ref reaches: what it adds is tag objects nothing refers
-    to, never an object reachable from a hidden ref (ARCHITECTURE.md P7)."""
-    try:
-        if ctx.src.object_type(oid) != OBJ_TAG:
-            return False
-        target, _, chain = ctx.src.peel(oid)
-    except ObjectStoreError:
-        return False
+def _orphan_tags(ctx: RequestContext, wants: Sequence[bytes],
+                 tips: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The wants that may be served as tags no ref names any more, each with the object it
+    peels to (which the caller checks like a want). A client that read a tag before it was
+    moved (``git tag -f``, a nightly tag) asks for the old tag object: C git's v0 check
+    passes it when its commit is reachable. It must be a tag object no ref holds, hidden
+    or not, whose chain of tags no ref holds nor a hidden ref's chain passes through:
+    what it adds is tag objects nothing refers to, never an object reachable from a
+    hidden ref (ARCHITECTURE.md P7). A chain cut at the peel limit, or an object that
+    cannot be read, is not taken (the want is refused as before)."""
+    src = ctx.src
+    out: dict[bytes, bytes] = {}
+    held: set[bytes] | None = None  # every ref's value, and the tags hidden chains pass
+    known = False
+    for want in dict.fromkeys(wants):
+        if want in tips:
+            continue
+        try:
+            if src.object_type(want) != OBJ_TAG:
+                continue
+            target, _, chain = src.peel(want)
+            if len(chain) >= PEEL_LIMIT:
+                continue
+            if not known:
+                held, known = _held_objects(ctx, tips), True
+        except (StorageError, ValueError):
+            return {}
+        if held is not None and not held & set(chain):
+            out[want] = target
+    return out
+
+
+def _held_objects(ctx: RequestContext, tips: frozenset[bytes]) -> set[bytes] | None:
+    """Every ref's value (HEAD's too) and every tag a hidden ref's chain passes; None when
+    a hidden chain is cut at the peel limit (nothing can be said of what lies beyond)."""
     snap = ctx.refs
-    everything = {bytes.fromhex(h.decode()) for h in snap.visible_oids(())}
+    held = {bytes.fromhex(h.decode()) for h in snap.visible_oids(())}
     if snap.head.oid is not None:
-        everything.add(bytes.fromhex(snap.head.oid.decode()))
-    if everything & set(chain):
-        return False  # a hidden ref holds one of them (a visible one would be a tip)
-    for held in everything - tips:  # hidden refs: the tags their own chains pass
-        if ctx.src.object_type(held) == OBJ_TAG and set(ctx.src.peel(held)[2]) & set(chain):
-            return False
-    return check_wants(ctx.src, [target], tips) is None
+        held.add(bytes.fromhex(snap.head.oid.decode()))
+    for oid in held - tips:  # hidden refs
+        if ctx.src.object_type(oid) == OBJ_TAG:
+            chain = ctx.src.peel(oid)[2]
+            if len(chain) >= PEEL_LIMIT:
+                return None
+            held.update(chain)
+    return held
 
 
 def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
@@ -190,11 +214,12 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
             present.add(w)
     if not missing and ctx.config.allow_any_sha1:
         return
-    bad = missing[0] if missing else check_wants(ctx.src, wants, tips)
-    accepted: set[bytes] = set()
-    while bad is not None and not missing and _orphan_tag_ok(ctx, bad, tips):
-        accepted.add(bad)
-        bad = check_wants(ctx.src, [w for w in wants if w not in accepted], tips)
+    if missing:
+        bad: bytes | None = missing[0]
+    else:
+        orphans = _orphan_tags(ctx, wants, tips)  # checked by what they peel to
+        bad = check_wants(ctx.src, [orphans.get(w, w) for w in wants], tips)
+        bad = next((t for t, target in orphans.items() if target == bad), bad)
     if bad is not None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),
                  ctx.repo.url_path, "missing" if missing else "not reachable from visible refs",

@@ -22,8 +22,10 @@ from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OB
 from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
 from ..store.packs import PackFile
 
-__all__ = ["CommitInfo", "CommitSource", "TreeChange", "WalkTooLong", "equal_run", "parse_commit",
-           "parse_tag_target", "tree_entries"]
+__all__ = ["CommitInfo", "CommitSource", "PEEL_LIMIT", "TreeChange", "WalkTooLong", "equal_run",
+           "parse_commit", "parse_tag_target", "tree_entries"]
+
+PEEL_LIMIT = 64  # tags followed at most by peel(); a longer chain is cut there
 
 TreeChange = tuple[int, bytes, bytes | None]
 """A tree entry that differs from its base: (mode, binary id, the base's id at its name)."""
@@ -303,7 +305,7 @@ class CommitSource:
         """Follow tags: (final object, its type, the tag objects passed on the way)."""
         tags: list[bytes] = []
         type_num = self.object_type(oid)
-        while type_num == OBJ_TAG and len(tags) < 64:
+        while type_num == OBJ_TAG and len(tags) < PEEL_LIMIT:
             tags.append(oid)
             _, data = self.odb.read(oid)
             oid, type_num = parse_tag_target(data, self.hex_len)

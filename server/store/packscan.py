@@ -65,7 +65,7 @@ def _varint_ends(buf: np.ndarray, first: np.ndarray, at: np.ndarray) -> None:
     steps = 0
     while todo.size:
         steps += 1
-        if steps > HEAD_BYTES:
+        if steps >= HEAD_BYTES:  # a varint of 10 bytes is the longest
             raise IndexError("entry size varint too long")
         c = buf[at[todo]]
         at[todo] += 1

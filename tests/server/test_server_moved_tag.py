@@ -6,6 +6,7 @@ hidden ref reaches, is still refused (never an object reachable only from a hidd
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def mt_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
     (repo / "held").write_text(held)
     (repo / "of-held").write_text(_dangling_tag(git, repo, held, "tag", "of held"))
     (repo / "of-secret").write_text(_dangling_tag(git, repo, secret, "commit", "of secret"))
+    # deep.git: a hidden ref naming a chain of 70 tags. Peeling stops at 64, and the tags
+    # beyond (reached from the hidden ref only) must not pass for tags nothing refers to.
+    deep = root / "deep.git"
+    shutil.copytree(repo, deep)
+    inner = _dangling_tag(git, deep, git.out(*gd, "rev-parse", "main").strip(), "commit", "deep")
+    (deep / "deep").write_text(inner)
+    outer = inner
+    for i in range(70):
+        outer = _dangling_tag(git, deep, outer, "tag", f"wrap {i}")
+    git.run("--git-dir", str(deep), "update-ref", "refs/hidden/long", outer)
+    (deep / "old-nightly").write_text((repo / "old-nightly").read_text())
     return root
 
 
@@ -64,10 +76,10 @@ def mt_server(mt_root: Path) -> Iterator[LiveServer]:
     srv.stop()
 
 
-def _fetch(port: int, oid: str) -> bytes:
+def _fetch(port: int, oid: str, repo: str = "r.git") -> bytes:
     body = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(
         f"want {oid}", "ofs-delta", "no-progress", "done") + FLUSH
-    resp = post_upload_pack(port, body, repo="r.git", version=2)
+    resp = post_upload_pack(port, body, repo=repo, version=2)
     assert resp.status == 200 and resp.complete
     return resp.body
 
@@ -92,9 +104,13 @@ def test_old_tag_object_is_served_as_c_git_does(git: Git, mt_server: LiveServer,
     assert git.out("cat-file", "-t", oid, cwd=clone).strip() == "tag"
 
 
-@pytest.mark.parametrize("name", ["held", "of-held", "of-secret"])
-def test_tags_hidden_refs_reach_are_refused(mt_server: LiveServer, mt_root: Path,
+@pytest.mark.parametrize("repo, name", [("r.git", "held"), ("r.git", "of-held"),
+                                        ("r.git", "of-secret"), ("deep.git", "deep"),
+                                        ("deep.git", "old-nightly")])
+def test_tags_hidden_refs_reach_are_refused(mt_server: LiveServer, mt_root: Path, repo: str,
                                             name: str) -> None:
-    oid = (mt_root / "r.git" / name).read_text().strip()
+    """In deep.git even the old nightly tag is refused: a hidden chain cut at the peel
+    limit leaves unknown which tags it passes, so no tag nothing names is served there."""
+    oid = (mt_root / repo / name).read_text().strip()
     with pytest.raises(InBandError, match=f"not our ref {oid}"):
-        pack_bytes(_fetch(mt_server.port, oid))
+        pack_bytes(_fetch(mt_server.port, oid, repo))
