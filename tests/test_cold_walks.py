@@ -422,10 +422,10 @@ def test_vector_layout_is_the_entry_loop(git: Git, layouts: Path, layout: str, s
 
 
 def test_scan_refuses_a_bad_entry_type(git: Git, layouts: Path, tmp_path: Path) -> None:
-    """An entry whose header names type 5 (reserved) or that runs past the pack is a
-    corrupt pack, as the per-entry parser says."""
+    """An entry whose header names type 5 (reserved), runs past the pack, or has a size
+    varint over 10 bytes is a corrupt pack."""
     src = layouts / "plain.git" / "objects" / "pack"
-    for damage in ("type", "truncated"):
+    for damage in ("type", "truncated", "long"):
         root = tmp_path / damage
         shutil.copytree(layouts / "plain.git", root / "r.git")
         (pack_path,) = (root / "r.git" / "objects" / "pack").glob("*.pack")
@@ -435,8 +435,13 @@ def test_scan_refuses_a_bad_entry_type(git: Git, layouts: Path, tmp_path: Path) 
             ranks = np.arange(pack.count, dtype=np.int64)
             last = pack.sorted_offsets[pack.count - 1]
             raw = bytearray(pack_path.read_bytes())
-            if damage == "type":
-                raw[last] = (raw[last] & 0x8F) | (5 << 4)
+            if damage in ("type", "long"):
+                if damage == "type":
+                    raw[last] = (raw[last] & 0x8F) | (5 << 4)
+                else:  # a size varint of 11 bytes (git's longest is 10)
+                    for i in range(last, last + 10):
+                        raw[i] |= 0x80
+                    raw[last + 10] &= 0x7F
                 pack_path.write_bytes(raw)  # same inode: the open descriptor reads it
             else:
                 with open(pack_path, "r+b") as f:
