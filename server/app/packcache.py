@@ -406,20 +406,15 @@ class PackCache:
         entry.readers += 1
         return fd
 
-    def close_reader(self, entry: _Entry, fd: int) -> None:
-        """Undo :meth:`open_reader` (nothing was read)."""
-        os.close(fd)
-        entry.readers -= 1
-        if entry.readers == 0 and not entry.done:
-            entry.wake()
-
     async def read(self, entry: _Entry, fd: int, writer: PktWriter, keepalive: float,
                    no_progress: bool) -> int | None:
         """Send the entry to one client as it grows, framed for that client. Returns None
         when it is sent (or failed, in-band), :data:`WHOLE` when the entry turned out to
         name a pack to send whole (nothing was sent here), or the number of pack bytes
-        sent when the producer could not write the file (the caller goes on: _After)."""
+        sent when the producer could not write the file: the caller goes on (_After) and
+        then owns ``fd``, which is closed here in every other case."""
         pos = shown = since_yield = 0
+        resume = False
         try:
             while True:
                 if entry.verbatim is not None:
@@ -441,6 +436,7 @@ class PackCache:
                         since_yield = 0
                         await asyncio.sleep(0)
                 elif entry.failed is not None and entry.resumable:
+                    resume = True
                     return pos
                 elif entry.failed is not None:
                     await writer.error(entry.failed, in_band=True)
@@ -450,7 +446,8 @@ class PackCache:
                 elif not entry.done and not await entry.changed(keepalive):
                     await writer.keepalive()
         finally:
-            os.close(fd)
+            if not resume:
+                os.close(fd)
             entry.readers -= 1
             if entry.readers == 0 and not entry.done:
                 entry.wake()  # the producer notices at its next step and stops
@@ -568,11 +565,6 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         return
     try:
         fd = cache.open_reader(entry)
-        try:
-            again = os.dup(fd)  # kept for _After: read() closes its own descriptor
-        except OSError:
-            cache.close_reader(entry, fd)
-            raise
     except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
         log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
         if entry.done or result == "miss":  # in production: its readers have their fds
@@ -581,30 +573,26 @@ async def send_pack_cached(cache: PackCache | None, ctx: RequestContext, plan: F
         cache.stats.lookups["bypass"] += 1
         await pump_pack(writer, executor, lambda: make_iter(None), keepalive, no_progress)
         return
-    try:
-        if result == "miss":
-            task = asyncio.get_running_loop().create_task(
-                cache.produce(entry, ctx, plan, executor, make_iter))
-            cache.producers.add(task)
-            task.add_done_callback(cache.producers.discard)
-        else:
-            ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
-        stats = ctx.pack_stats
-        sent = await cache.read(entry, fd, writer, keepalive, no_progress)
-        if sent == WHOLE:
-            await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
-        elif sent is not None:
-            after, again = _After(again, sent, lambda: make_iter(None)), -1  # it closes it
-            try:
-                await pump_pack(writer, executor, lambda: after, keepalive, no_progress)
-            finally:
-                if after.it is None:  # never stepped (cancelled early): pump_pack won't close
-                    after.close()
-        elif result != "miss" and stats is not None:
-            stats.objects, stats.size = entry.objects, entry.size
-    finally:
-        if again >= 0:
-            os.close(again)
+    if result == "miss":
+        task = asyncio.get_running_loop().create_task(
+            cache.produce(entry, ctx, plan, executor, make_iter))
+        cache.producers.add(task)
+        task.add_done_callback(cache.producers.discard)
+    else:
+        ctx.pack_stats = PackStats(kind=f"cache-{result}")  # objects sent from the cache
+    stats = ctx.pack_stats
+    sent = await cache.read(entry, fd, writer, keepalive, no_progress)
+    if sent == WHOLE:
+        await _send_whole(entry, ctx, writer, executor, make_iter, keepalive, no_progress)
+    elif sent is not None:  # read() left fd open: the iterator closes it
+        after = _After(fd, sent, lambda: make_iter(None))
+        try:
+            await pump_pack(writer, executor, lambda: after, keepalive, no_progress)
+        finally:
+            if after.it is None:  # never stepped (cancelled early): pump_pack won't close
+                after.close()
+    elif result != "miss" and stats is not None:
+        stats.objects, stats.size = entry.objects, entry.size
 
 
 class PackDiverged(Exception):

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..store.lru import ByteLRU
 from ..store.objformat import OFS_DELTA, REF_DELTA
-from ..store.packs import PackFile, encode_entry_header, encode_ofs_distance
+from ..store.packs import PackFile, as_array, encode_entry_header, encode_ofs_distance
 from ..store.packscan import HEAD_BYTES, scan_headers
 
 __all__ = ["Layout", "layout_for", "LAYOUTS_BUDGET"]
@@ -201,11 +201,8 @@ def _vector_layout(pack: PackFile, order: array, whole_allowed: bool) -> Layout 
     opens[1:] = gaps[1:] != 0
     opens[rw] = True
     seg = np.flatnonzero(opens)
-    seg_starts = starts[seg].copy()
-    is_rw = np.zeros(n, dtype=bool)
-    is_rw[rw] = True
-    data_at = scan.data_at
-    seg_starts[is_rw[seg]] = data_at[seg[is_rw[seg]]]
+    # A segment a rewritten entry opens copies from after its old distance.
+    seg_starts = np.where(lit_len[seg] > 0, scan.data_at[seg], starts[seg])
     seg_stops = np.empty(len(seg), dtype=np.int64)
     seg_stops[:-1] = stops[seg[1:] - 1]
     seg_stops[-1] = stops[-1]
@@ -213,12 +210,8 @@ def _vector_layout(pack: PackFile, order: array, whole_allowed: bool) -> Layout 
     np.cumsum(lit_len[seg], out=lit_at[1:])
     total = int(lit_at[-1])
     size = int(seg_stops.sum() - seg_starts.sum()) + total
-    return Layout(order, _as_q(starts - shift), literals, _as_q(lit_at), _as_q(seg_starts),
-                  _as_q(seg_stops), size, len(d), len(rw))
-
-
-def _as_q(values: np.ndarray) -> array:
-    return array("Q", values.astype(np.uint64).tobytes())
+    return Layout(order, as_array("Q", starts - shift), literals, as_array("Q", lit_at),
+                  as_array("Q", seg_starts), as_array("Q", seg_stops), size, len(d), len(rw))
 
 
 def _whole(pack: PackFile, rank: int, resolve: Resolve, compression: int) -> bytes:

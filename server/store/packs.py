@@ -28,7 +28,7 @@ from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES, trailer_matches
 from .packscan import base_ranks_of
 
 __all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
-           "encode_entry_header"]
+           "encode_entry_header", "as_array"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
@@ -120,7 +120,7 @@ def encode_entry_header(type_num: int, size: int, base: int | bytes | None = Non
     return bytes(out)
 
 
-def _as_array(code: str, values: np.ndarray) -> array:
+def as_array(code: str, values: np.ndarray) -> array:
     """A numpy vector as an ``array`` of ``code`` (native byte order), copied once."""
     dtype = np.uint32 if code == "I" else np.uint64
     out = array(code, bytes(len(values) * np.dtype(dtype).itemsize))
@@ -523,7 +523,7 @@ class PackFile:
         inverse = np.empty(n, dtype=np.uint32)
         inverse[order] = np.arange(n, dtype=np.uint32)
         # Kept as arrays: element access from Python is several times cheaper than numpy's.
-        return (_as_array("I", order), _as_array("I", inverse), _as_array("Q", ends)), 16 * n
+        return (as_array("I", order), as_array("I", inverse), as_array("Q", ends)), 16 * n
 
     def rank_of_index_pos(self, pos: int) -> int:
         """Pack-order rank of the object at index position ``pos``."""

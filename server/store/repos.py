@@ -276,13 +276,14 @@ class RepoResolver:
         parts = _clean_segments(url_path)
         key = "/".join(parts)
         mapped = self._by_url.get(key)
-        found = self._repos.get(mapped[0]) if mapped is not None else None
-        if found is not None and mapped is not None:
+        if mapped is not None:
+            real, linked = mapped
+            found = self._repos.get(real)
             # No syscall here: the request's first read of the git directory (through
             # the listing cache) finds out if the repository went away. A path that led
             # through a symlink is followed again (a few lstat()s): a link repointed to
             # another repository (a blue/green flip) is served from its new target at once.
-            if mapped[1] is None or os.path.realpath(mapped[1]) == mapped[0]:
+            if found is not None and (linked is None or os.path.realpath(linked) == real):
                 return found
         outside: tuple[str, str] | None = None
         for cand in self._candidates(parts):
