@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 from gitutil import Git
@@ -106,3 +107,91 @@ def c_git_v2_answer(git: Git, gitdir: Path, body: bytes) -> subprocess.Completed
     truth. Not checked: it exits 128 after some refusals."""
     return git.run("upload-pack", "--stateless-rpc", str(gitdir), input=body,
                    env={"GIT_PROTOCOL": "version=2"}, check=False)
+
+
+OFS_DELTA, REF_DELTA = 6, 7
+
+
+def pack_entries(pack: bytes) -> list[tuple[int, int, int | bytes | None]]:
+    """Each entry of ``pack`` as (offset, type number, base): the base's offset for an
+    OFS_DELTA, its binary id for a REF_DELTA, else None. Parsed here, with zlib alone, so
+    that the verdict does not depend on the server's reader."""
+    count = int.from_bytes(pack[8:12], "big")
+    out: list[tuple[int, int, int | bytes | None]] = []
+    pos = 12
+    for _ in range(count):
+        at = pos
+        c = pack[pos]
+        kind = (c >> 4) & 7
+        pos += 1
+        while c & 0x80:
+            c = pack[pos]
+            pos += 1
+        base: int | bytes | None = None
+        if kind == OFS_DELTA:
+            c = pack[pos]
+            pos += 1
+            dist = c & 0x7F
+            while c & 0x80:
+                c = pack[pos]
+                pos += 1
+                dist = ((dist + 1) << 7) | (c & 0x7F)
+            base = at - dist
+        elif kind == REF_DELTA:
+            base = pack[pos : pos + 20]
+            pos += 20
+        d = zlib.decompressobj()
+        d.decompress(pack[pos:])
+        assert d.eof, "an entry's zlib stream does not end"
+        pos = len(pack) - len(d.unused_data)
+        out.append((at, kind, base))
+    assert pos == len(pack) - 20, "bytes between the last entry and the trailer"
+    return out
+
+
+def pack_offsets(git: Git, pack: bytes, objects: Path | None = None) -> dict[bytes, int]:
+    """Binary id -> offset of every entry of ``pack``, as ``git index-pack`` and
+    ``show-index`` see it. A thin pack needs ``objects`` (a repository's objects
+    directory holding its bases): it is indexed with ``--fix-thin`` in a scratch
+    repository borrowing them, and the bases index-pack appended are left out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "scratch.git"
+        git.run("init", "-q", "--bare", str(scratch))
+        if objects is not None:
+            (scratch / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+        out = git.run("index-pack", "--stdin", "--fix-thin", cwd=scratch,
+                      input=pack).stdout.decode().split()[-1]
+        idx = next((scratch / "objects" / "pack").glob(f"pack-{out}.idx"))
+        with open(idx, "rb") as fh:
+            listing = subprocess.run(["git", "show-index"], stdin=fh, capture_output=True,
+                                     check=True, timeout=60, cwd=tmp).stdout.decode()
+    found = {bytes.fromhex(line.split()[1]): int(line.split()[0])
+             for line in listing.splitlines()}
+    return {oid: at for oid, at in found.items() if at < len(pack) - 20}
+
+
+def pack_order_faults(entries: list[tuple[int, int, int | bytes | None]],
+                      offsets: dict[bytes, int], ofs_delta: bool,
+                      client_has: set[bytes] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """What breaks DESIGN.md invariant 11 in a pack: a delta whose base comes later in the
+    pack or is neither in it nor an object the client has (thin), a REF_DELTA to a base
+    in the pack when the client asked for ofs-delta, an OFS_DELTA when it did not."""
+    starts = {at for at, _, _ in entries}
+    faults = []
+    for at, kind, base in entries:
+        if kind == OFS_DELTA:
+            if not ofs_delta:
+                faults.append(f"OFS_DELTA at {at} without ofs-delta")
+            if base not in starts:
+                faults.append(f"OFS_DELTA at {at}: base {base} is no entry")
+        elif kind == REF_DELTA:
+            assert isinstance(base, bytes)
+            where = offsets.get(base)
+            if where is None:
+                if base not in client_has:
+                    faults.append(f"REF_DELTA at {at}: base {base.hex()} not sent, not had")
+            elif where > at:
+                faults.append(f"REF_DELTA at {at}: base {base.hex()} comes later, at {where}")
+            elif ofs_delta:
+                faults.append(f"REF_DELTA at {at} to a base in the pack, with ofs-delta")
+    return faults

@@ -338,7 +338,7 @@ def enumerate_objects(
     root trees.
     """
     want_commits, direct = _split_wants(src, wants)
-    have_commits, _ = _split_wants(src, haves)
+    have_commits, have_direct = _split_wants(src, haves)
     commits, bad = src.walk_by_date(want_commits, have_commits, cut, limit=max_commits)
     flt = _Filter(spec, src)
     first = {src.commit(c).parents[0] for c in commits if src.commit(c).parents}
@@ -350,6 +350,12 @@ def enumerate_objects(
     marked = edges | had if cut else edges - first
     have_objects = _mark_have_trees(src, (src.commit(c).tree for c in marked))
     have_objects.update(src.commit(c).tree for c in edges | had)
+    # Haves of any type count, as rev-list --not takes them: a tag (and the tags of its
+    # chain), a tree with all it reaches, a blob (isomorphic-git sends the annotated tags
+    # it has as haves; dropping them resent each tag on every fetch).
+    have_objects.update(oid for oid, type_num in have_direct if type_num != OBJ_TREE)
+    have_objects.update(_mark_have_trees(src, (oid for oid, type_num in have_direct
+                                               if type_num == OBJ_TREE)))
     out: list[ObjectEntry] = []
     listed: set[bytes] = set()
     named = set(want_commits)

@@ -51,6 +51,13 @@ def _wants(plan: FetchPlan) -> list[bytes]:
     return list(dict.fromkeys(plan.wants + list(plan.shallow.extra_wants)))
 
 
+def _haves(plan: FetchPlan) -> list[bytes]:
+    """What the client has: its common haves, and the shallow commits a deepen unshallows
+    (upload-pack.c send_unshallow passes them to pack-objects as edges: their trees are
+    on the client, only their parents' history is new)."""
+    return list(dict.fromkeys(plan.common + list(plan.shallow.unshallow)))
+
+
 def build_pack_source(ctx: RequestContext, plan: FetchPlan) -> PackSource:
     """Enumerate the objects to send and pick the pack source (blocking)."""
     start = time.monotonic()
@@ -98,7 +105,7 @@ def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]]) -> tuple[obj
     """What a walk's result depends on. Objects are immutable, so the objects reachable from
     given wants, minus given haves, never change: the key needs no repository state."""
     req = plan.req
-    parts = [b"w", *sorted(_wants(plan)), b"h", *sorted(plan.common), b"c", *sorted(plan.shallow.cut),
+    parts = [b"w", *sorted(_wants(plan)), b"h", *sorted(_haves(plan)), b"c", *sorted(plan.shallow.cut),
              b"t", *sorted(t for pair in tags for t in pair)]
     digest = hashlib.sha1(b"\0".join(parts)).digest()
     return ("walk", digest, repr(req.filter))
@@ -116,7 +123,7 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan,
     enum = cache.get(key)
     if not isinstance(enum, Enumeration):
         try:
-            enum = enumerate_objects(ctx.src, _wants(plan), plan.common, plan.shallow.cut,
+            enum = enumerate_objects(ctx.src, _wants(plan), _haves(plan), plan.shallow.cut,
                                      req.filter, tags,
                                      max_commits=SMALL_FETCH_COMMITS if max_objects else None)
         except WalkTooLong:
@@ -185,7 +192,12 @@ def _from_bitmaps(ctx: RequestContext, plan: FetchPlan, bi: BitmapIndex) -> Pack
         include_tags(ReachSet(bi, reach), _tag_refs(ctx),
                      ReachSet(bi, haves) if haves is not None else frozenset())
     pack = bi.pack
-    if not reach.extra and req.ofs_delta and reach.bits == (1 << pack.count) - 1:
+    # Not verbatim when the pack holds a REF_DELTA: to a client that asked for ofs-delta
+    # every delta in the pack is an OFS_DELTA, and a REF_DELTA may precede its base (as
+    # index-pack --fix-thin leaves a pushed pack, its bases appended at the end), which
+    # libgit2 and isomorphic-git cannot resolve. C git's repack never writes one.
+    if (not reach.extra and req.ofs_delta and reach.bits == (1 << pack.count) - 1
+            and not pack.has_ref_deltas()):
         return WholePackSource(pack)
     ranks = iter_set_bits(reach.bits, pack.count)
     selection = select_objects(ctx.odb, list(reach.extra), base={id(pack): ranks},

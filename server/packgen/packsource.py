@@ -17,6 +17,7 @@ for free: nothing is produced until the writer asks for it.
 
 from __future__ import annotations
 
+import heapq
 import os
 import struct
 import tempfile
@@ -232,6 +233,8 @@ def select_objects(odb: ObjectSnapshot, oids: Iterable[bytes],
     return Selection(plans, loose)
 
 
+_STORED, _NEW = 0, 1  # what waits for its base: a stored delta, or a new delta to make
+
 ThinCheck = Callable[[PackFile | None, int, bytes], bool]
 """(pack or None, rank or -1, oid) of a delta base -> True when the client has it."""
 
@@ -271,13 +274,23 @@ class ReusePackSource:
         # that same pack, or None (whole, or a base outside it). With the stored bases of
         # the other entries, this is the output's delta graph, checked for cycles.
         self._regen: dict[int, int | None] = {}
+        # Entries of the pack being copied that wait for their delta base, a later (or
+        # itself waiting) entry of the same pack: base rank -> [(rank, kind)]. They are
+        # written right after their base, so that every delta follows its base in the
+        # output, as pack-objects writes them (DESIGN.md invariant 11): libgit2's and
+        # isomorphic-git's indexers resolve deltas in pack order. ``_due`` holds the
+        # waited-for ranks, so that a run copied byte for byte releases those in it.
+        self._wait: dict[int, list[tuple[int, int]]] = {}
+        self._due: list[int] = []
 
     def chunks(self) -> Iterator[bytes | Progress]:
         out = _Out(self.odb.hash_len)
         out.write(b"PACK" + struct.pack(">II", 2, self.selection.count))
         for plan in self.selection.plans:
-            self._regen = {}
+            self._regen, self._wait, self._due = {}, {}, []
             for _ in self._copy_pack(plan, out):
+                yield from out.drain()
+            for _ in self._write_stranded(plan, out):
                 yield from out.drain()
             self._done.append(plan)
         self._regen = {}
@@ -321,9 +334,12 @@ class ReusePackSource:
                     continue  # a whole object, or a delta against an entry of this run
                 # Without ofs-delta, a stored OFS_DELTA goes out as a REF_DELTA (_copy_one).
                 yield from self._copy_run(plan, sub, rank, out)
-                yield from self._copy_one(plan, rank, out)
+                yield from self._release_run(plan, sub, rank, out)
+                if (yield from self._copy_one(plan, rank, out)):
+                    yield from self._release(plan, [rank], out)
                 sub = rank + 1
             yield from self._copy_run(plan, sub, stop, out)
+            yield from self._release_run(plan, sub, stop, out)
             yield None
 
     def _copy_layout(self, plan: PackPlan, layout: Layout, out: _Out) -> Iterator[None]:
@@ -401,8 +417,10 @@ class ReusePackSource:
             if out.ready:
                 yield None
 
-    def _copy_one(self, plan: PackPlan, rank: int, out: _Out) -> Iterator[None]:
-        """An entry whose bytes change: a moved OFS_DELTA base, or a REF_DELTA."""
+    def _copy_one(self, plan: PackPlan, rank: int, out: _Out,
+                  may_defer: bool = True) -> Generator[None, None, bool]:
+        """An entry whose bytes change: a moved OFS_DELTA base, or a REF_DELTA. Returns
+        False when it waits for its base instead (see ``_wait``)."""
         pack = plan.pack
         offs = pack.sorted_offsets
         start = offs[rank]
@@ -412,31 +430,85 @@ class ReusePackSource:
             base_rank = (plan.bases if plan.bases is not None else pack.base_ranks())[rank]
             base_oid = pack.oid_at(pack.pack_order[base_rank])
         else:
-            assert hdr.base_oid is not None
+            if hdr.base_oid is None:
+                raise pack.corrupt(f"entry at {start} is no delta")
             base_oid = hdr.base_oid
             base_rank = plan.rank_of(base_oid)
-        base_at = self._written_before(plan, base_rank, base_oid, rank)
-        plan.single[rank] = out.offset
+        base_at = self._written_before(plan, base_rank, base_oid)
         before = out.offset
         if base_at is not None:
+            plan.single[rank] = before
             self._emit_delta(out, hdr.size, base_at, base_oid)
             yield from body.copy(out)
             self.stats.reused_bytes += out.offset - before
-        elif (rank < base_rank and plan.selected[base_rank]) or (
-            self.thin is not None and self.thin(pack, base_rank, base_oid)
-        ):
-            # A base this pack sends further on (index-pack --fix-thin appends bases), or
-            # one the client has (thin pack): REF_DELTA, which can never form a cycle.
+        elif may_defer and self._may_wait(plan, base_rank, rank):
+            # A base this pack sends further on (a REF_DELTA that index-pack --fix-thin
+            # left before the bases it appended, or a base that waits itself): the stored
+            # delta goes out right after it.
+            self._defer(base_rank, rank, _STORED)
+            return False
+        elif self.thin is not None and self.thin(pack, base_rank, base_oid):
+            # One the client has (thin pack): REF_DELTA, which can never form a cycle.
+            plan.single[rank] = before
             out.write(encode_entry_header(REF_DELTA, hdr.size, base_oid))
             yield from body.copy(out)
             self._count_delta()
             self.stats.reused_bytes += out.offset - before
         else:
-            del plan.single[rank]
-            yield from self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan, rank)
+            return (yield from self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan,
+                                                 rank, may_defer=may_defer))
+        return True
 
-    def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes, rank: int) -> int | None:
-        if 0 <= base_rank < rank and plan.selected[base_rank]:
+    # -- deltas after their bases ----------------------------------------------
+
+    def _may_wait(self, plan: PackPlan, base_rank: int, rank: int) -> bool:
+        """Entry ``rank`` can wait for ``base_rank``: an entry this pack sends and has not
+        written yet, whose delta chain in the output does not lead back to ``rank``."""
+        return (0 <= base_rank != rank and bool(plan.selected[base_rank])
+                and self._chain_avoids(plan, base_rank, rank))
+
+    def _defer(self, base_rank: int, rank: int, kind: int) -> None:
+        self._regen[rank] = base_rank
+        self._wait.setdefault(base_rank, []).append((rank, kind))
+        heapq.heappush(self._due, base_rank)
+
+    def _release_run(self, plan: PackPlan, first: int, stop: int, out: _Out) -> Iterator[None]:
+        """Write what waited for entries ``first`` to ``stop`` - 1, just copied as a run."""
+        ready = []
+        while self._due and self._due[0] < stop:
+            base = heapq.heappop(self._due)
+            if base >= first and base in self._wait:
+                ready.append(base)
+        if ready:
+            yield from self._release(plan, ready, out)
+
+    def _release(self, plan: PackPlan, written: list[int], out: _Out) -> Iterator[None]:
+        """Write the entries that waited for ``written``, then those that waited for them,
+        and so on (a stack, not recursion: a file's versions can chain thousands deep)."""
+        stack = list(written)
+        while stack:
+            for rank, kind in self._wait.pop(stack.pop(), ()):
+                if kind == _STORED:
+                    yield from self._copy_one(plan, rank, out, may_defer=False)
+                else:
+                    oid = plan.pack.oid_at(plan.pack.pack_order[rank])
+                    yield from self._write_whole(oid, out, plan, rank, may_defer=False)
+                stack.append(rank)
+
+    def _write_stranded(self, plan: PackPlan, out: _Out) -> Iterator[None]:
+        """Entries still waiting once their pack is copied (none, unless the bases they
+        waited for were never written): whole, or against a base written meanwhile."""
+        while self._wait:
+            base = next(iter(self._wait))
+            for rank, _ in self._wait.pop(base):
+                self._regen[rank] = None
+                oid = plan.pack.oid_at(plan.pack.pack_order[rank])
+                yield from self._write_whole(oid, out, plan, rank, may_defer=False)
+                yield from self._release(plan, [rank], out)
+
+    def _written_before(self, plan: PackPlan, base_rank: int, oid: bytes) -> int | None:
+        """Where the base went in the output, if it was written already."""
+        if 0 <= base_rank and plan.selected[base_rank]:
             at = plan.out_offset(base_rank)
             if at is not None:
                 return at
@@ -459,14 +531,26 @@ class ReusePackSource:
         self.stats.deltas += 1
 
     def _write_whole(self, oid: bytes, out: _Out, plan: PackPlan | None = None,
-                     rank: int = -1, loc: PackedLocation | str | None = None) -> Iterator[None]:
+                     rank: int = -1, loc: PackedLocation | str | None = None,
+                     may_defer: bool = False) -> Generator[None, None, bool]:
         """Write an object nothing could be reused for: as a new delta against the object
         at the same path in the parent commit when that base is sent too or the client has
         it (a thin pack), else whole. ``plan``/``rank`` say where it sits when it is an
         entry of the pack being copied. Objects over :data:`LARGE_OBJECT` go whole and in
         pieces: a loose one inflated and deflated as it is read, a packed delta resolved
         under the ``--inflate-memory`` budget and deflated to a temporary file that is then
-        copied out (so nothing of it waits in memory for a slow client)."""
+        copied out (so nothing of it waits in memory for a slow client).
+
+        With ``may_defer``, an entry whose delta hint is an entry of the same pack not yet
+        written waits for it instead (returns False): it goes out right after its base."""
+        if may_defer and plan is not None and self._delta_budget > 0:
+            hint = self.hints.get(oid)
+            base_rank = plan.rank_of(hint) if hint is not None else -1
+            if (base_rank >= 0 and plan.selected[base_rank] and hint not in self._written
+                    and plan.out_offset(base_rank) is None
+                    and self._may_wait(plan, base_rank, rank)):
+                self._defer(base_rank, rank, _NEW)
+                return False
         start = self._written[oid] = out.offset
         self.stats.generated += 1
         if plan is not None:
@@ -486,6 +570,7 @@ class ReusePackSource:
             out.write(encode_entry_header(type_num, len(data)))
             out.write(zlib.compress(data, self.compression))
         self.stats.generated_bytes += out.offset - start
+        return True
 
     def _write_listed(self, oid: bytes, out: _Out) -> Iterator[None]:
         """An object outside any plan: loose, or (``listed_only``) any object."""
@@ -581,16 +666,17 @@ class ReusePackSource:
         base_rank = plan.rank_of(base) if plan is not None else -1
         in_plan = plan is not None and base_rank >= 0 and bool(plan.selected[base_rank])
         if in_plan:
-            # The base is an entry of the pack being copied, sent before or after this one
-            # (pack order is newest first, and the parent's version is usually older, so
-            # usually after). Either way fine for index-pack, unless the base's own chain
-            # in the output leads back here.
+            # The base is an entry of the pack being copied. Pack order is newest first and
+            # the parent's version is usually older, so usually further on: such an entry
+            # waited for it (_write_whole), since a delta must follow its base for libgit2
+            # and isomorphic-git (C git's index-pack alone accepts either order). Unless
+            # the base's own chain in the output leads back here.
             assert plan is not None
-            if not self._chain_avoids(plan, base_rank, rank):
-                return False
-            base_at = plan.out_offset(base_rank) if base_rank < rank else None
+            base_at = plan.out_offset(base_rank)
             if base_at is None:
                 base_at = self._written.get(base)
+            if base_at is None or not self._chain_avoids(plan, base_rank, rank):
+                return False  # a base written later: the entry waited for it, or goes whole
         else:
             base_at = self._find_written(base)
             if base_at is None and (self.thin is None or not self.thin(None, -1, base)):

@@ -580,6 +580,13 @@ class PackFile:
         ranks: array = self.derived("base_ranks", self._compute_base_ranks)
         return ranks
 
+    def has_ref_deltas(self) -> bool:
+        """True when an entry of this pack is a REF_DELTA (kept: one look at the base
+        ranks per pack)."""
+        found: bool = self.derived("ref_deltas", lambda: (
+            bool((np.frombuffer(self.base_ranks(), dtype=np.int32) < 0).any()), 8))
+        return found
+
     def _compute_base_ranks(self) -> tuple[array, int]:
         out = array("i", base_ranks_of(self).tobytes())  # one vector pass (packscan.py)
         return out, 4 * len(out)
