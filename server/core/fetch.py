@@ -218,7 +218,8 @@ def _check_want_policy(ctx: RequestContext, wants: Sequence[bytes]) -> None:
         bad: bytes | None = missing[0]
     else:
         orphans = _orphan_tags(ctx, wants, tips)  # checked by what they peel to
-        bad = check_wants(ctx.src, [orphans.get(w, w) for w in wants], tips)
+        bad = check_wants(ctx.src, [orphans.get(w, w) for w in wants], tips,
+                          ctx.registry.reach_cache)
         bad = next((t for t, target in orphans.items() if target == bad), bad)
     if bad is not None:
         log.info("refusing want %s of %s: %s (rescans %d, packs %d)", bad.hex(),

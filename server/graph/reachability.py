@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Container, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 from gitspout.protocol.filters import (
     BlobLimit,
     BlobNone,
@@ -26,23 +28,29 @@ from gitspout.protocol.filters import (
 
 from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
-from .bitmapwalk import open_bitmap_index
+from .bitmapwalk import ALL, COMMITS, open_bitmap_index
 from .commits import CommitSource
 from .treewalk import TreeDiffWalk
 
-__all__ = ["check_wants", "reachable_subset", "enumerate_objects", "Enumeration", "ObjectEntry",
-           "ObjectSet", "include_tags"]
+__all__ = ["check_wants", "tips_closure", "IdSet", "reachable_subset", "enumerate_objects",
+           "Enumeration", "ObjectEntry", "ObjectSet", "include_tags"]
 
 ObjectEntry = tuple[bytes, int]
 
 
 def check_wants(
-    src: CommitSource, wants: Iterable[bytes], tips: Iterable[bytes]
+    src: CommitSource, wants: Iterable[bytes], tips: Iterable[bytes],
+    cache: ByteLRU[object] | None = None,
 ) -> bytes | None:
     """Return the first want not reachable from ``tips`` (None when all are).
 
-    Tips and their peeled targets are accepted at once; other commits need a commit walk,
-    and trees or blobs (partial-clone lazy fetches) a walk of the trees as well.
+    Tips and their peeled targets are accepted at once. The others are looked up in the
+    closure of the tips, kept in ``cache`` across requests (the objects reachable from
+    given tips never change): through the bitmaps when the repository has them, else as a
+    sorted table of ids (:class:`IdSet`). Commits need the commits' closure only; trees and
+    blobs (partial-clone lazy fetches) first the closure of the tips' own trees, where a
+    checkout's blobs are, and the whole history's only for what that lacks: a checkout
+    after a blobless clone walked every tree of the history, per request.
     """
     tip_set: Set[bytes] = tips if isinstance(tips, (set, frozenset)) else set(tips)
     pending = [w for w in dict.fromkeys(wants) if w not in tip_set]
@@ -51,25 +59,75 @@ def check_wants(
     missing = [w for w in pending if src.odb.locate(w, needed=True) is None]
     if missing:
         return missing[0]
-    commits: list[bytes] = []
-    others: list[bytes] = []
-    for w in pending:
-        (commits if src.object_type(w) == OBJ_COMMIT else others).append(w)
-    tip_commits, tip_others = _expand_tips(src, tip_set)
-    remaining = set(commits)
-    walked: list[bytes] = []
-    if remaining or others:
-        walked, _ = src.walk_by_date(tip_commits, [])
-        remaining.difference_update(walked)
-    if remaining:
-        return next(iter(remaining))
-    if others:
-        left = set(others) - tip_others
-        if left:
-            left = _find_in_trees(src, walked, tip_others, left)
-        if left:
-            return next(iter(left))
-    return None
+    trees = any(src.object_type(w) != OBJ_COMMIT for w in pending)
+    bi = open_bitmap_index(src) if cache is not None else None
+    if bi is not None:
+        reach = bi.reach_cached(tip_set, cache, level=ALL if trees else COMMITS)  # type: ignore[arg-type]
+        return next((w for w in pending if not bi.has(reach, w)), None)
+    if trees:
+        at_tips = tips_closure(src, tip_set, _TIP_TREES, cache)
+        pending = [w for w in pending if w not in at_tips]
+        if not pending:
+            return None
+    closure = tips_closure(src, tip_set, ALL if trees else COMMITS, cache)
+    return next((w for w in pending if w not in closure), None)
+
+
+class IdSet:
+    """Object ids in a sorted numpy table of fixed-width rows: about ``hash_len`` bytes an
+    id where a Python set costs over 100 (a closure of git/git is 849k ids)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, oids: Iterable[bytes], hash_len: int) -> None:
+        self.ids = np.array(list(oids), dtype=f"S{hash_len}")
+        self.ids.sort()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.nbytes) + 128
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, oid: object) -> bool:
+        if not isinstance(oid, bytes):
+            return False
+        ids = self.ids
+        k = int(np.searchsorted(ids, oid))
+        # numpy drops trailing NULs when it hands a row back; ids are all one width, so
+        # equal once stripped means equal.
+        return k < len(ids) and bool(ids[k] == oid.rstrip(b"\0"))
+
+
+_TIP_TREES = "tip-trees"  # the tips, their commits' trees and what those reach: no history
+_CLOSURE_LEVELS = (ALL, COMMITS)
+
+
+def tips_closure(src: CommitSource, tips: Set[bytes], level: str,
+                 cache: ByteLRU[object] | None) -> IdSet:
+    """Every object reachable from ``tips`` (``level`` ALL), their commits only (COMMITS),
+    or the tips with the whole trees of the tip commits (``_TIP_TREES``), kept in
+    ``cache`` by the tips: objects are immutable, so the closure of given tips never
+    changes (ARCHITECTURE.md I7). A closure of ALL answers the other levels."""
+    digest = hashlib.sha1(b"".join(sorted(tips))).digest()
+    held = (ALL, level) if level != ALL else (ALL,)
+    for name in held:
+        hit = cache.get(("tips_closure", digest, name)) if cache is not None else None
+        if isinstance(hit, IdSet):
+            return hit
+    tip_commits, tip_others = _expand_tips(src, tips)
+    ids: set[bytes] = set(tip_others)
+    commits = tip_commits if level == _TIP_TREES else list(_walk_until(src, tip_commits, None))
+    ids.update(commits)
+    if level != COMMITS:
+        roots = [src.commit(c).tree for c in commits]
+        roots += [o for o in tip_others if src.object_type(o) == OBJ_TREE]
+        ids.update(_iter_closure(src, roots))
+    closure = IdSet(ids, src.odb.hash_len)
+    if cache is not None:
+        cache.put(("tips_closure", digest, level), closure, closure.nbytes)
+    return closure
 
 
 def reachable_subset(
