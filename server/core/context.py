@@ -150,7 +150,7 @@ class RequestContext:
 
         def read() -> RefSnapshot:
             return _read_refs(self.repo.gitdir, self.fs, self.dirs, cache, self.hash_len * 2,
-                              self._peel, prefixes)
+                              self._peel, prefixes, self.config.ref_storage)
 
         return cache.shared_read(prefixes, self.arrived, read) if self.dirs.enabled else read()
 

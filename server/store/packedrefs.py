@@ -23,6 +23,7 @@ from .fsops import FsOps
 
 __all__ = ["RefSegment", "PackedRefs", "PackedFile", "PackedRefsError", "Peeler",
            "parse_packed_refs", "reparse_packed_refs", "segment_of_refs", "segments_of_refs",
+           "cut_segments",
            "EMPTY_SEGMENT", "NO_PACKED", "BLOCK", "SEGMENT_REFS", "SEGMENT_BYTES"]
 
 Peeler = Callable[[bytes], bytes | None]
@@ -220,6 +221,11 @@ def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
         out.append(RefSegment(data[pos:end], hex_len, checked=False))
         pos = end
     return out
+
+
+def cut_segments(data: bytes, hex_len: int) -> list[RefSegment]:
+    """Packed-refs lines (sorted, each peeled line after its ref) in segments."""
+    return _cut(data, 0, len(data), hex_len)
 
 
 BLOCK = 1 << 20  # bytes of packed-refs read at a time

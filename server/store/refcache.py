@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .lru import MEMORY, ByteLRU, MemoryBudget
 from .packedrefs import PackedRefs, RefSegment
 from .refsnapshot import RefSnapshot
+from .reftable import Table
 
 __all__ = ["RefCache", "LastPacked", "TIP_BYTES"]
 
@@ -24,6 +25,7 @@ MERGED_ENTRIES = 1024  # segments of packed refs with loose refs in their range
 ENCODINGS_BYTES = 1 << 40  # per-segment encodings: bounded by --cache-memory alone
 TIPS_ENTRIES = 4  # sets of visible tips (binary ids), by ref state and hideRefs
 TIP_BYTES = 90  # one id in such a set: the bytes object and its slot
+TABLES_BYTES = 1 << 40  # parsed reftable tables: bounded by --cache-memory alone
 
 
 class RefCache:
@@ -59,6 +61,8 @@ class RefCache:
         # index lookups
         self.present: ByteLRU[set[bytes]] = ByteLRU("ref_tips_present", TIPS_ENTRIES,
                                                     unit="entries", parent=parent)
+        # (reftable table name, inode) -> the parsed table (store/reftable.py)
+        self.tables: ByteLRU[Table] = ByteLRU("reftables", TABLES_BYTES, parent=parent)
         self._parent = parent
         self._lock = threading.Lock()
         self._charged = 0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_matches_prefixes
 
+from .errors import StorageError
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .packedrefs import (
@@ -32,6 +33,7 @@ from .packedrefs import (
 )
 from .refcache import LastPacked, RefCache
 from .refsnapshot import RefSnapshot
+from .reftable import ReftableError, Table, merge_stack, parse_table
 
 __all__ = ["read_ref_snapshot"]
 
@@ -325,11 +327,20 @@ def _build(head_raw: bytes, loose: dict[bytes, bytes], packed: PackedRefs, hex_l
 
 def read_ref_snapshot(
     gitdir: str, fs: FsOps, dirs: DirCache, cache: RefCache, hex_len: int, peel: Peeler,
-    prefixes: Sequence[bytes] = (),
+    prefixes: Sequence[bytes] = (), storage: str = "files",
 ) -> RefSnapshot:
     """Read HEAD, packed-refs and loose refs once. With ``prefixes`` only refs whose names
     start with one of them (plus HEAD, and the loose targets of symrefs among them) are
-    read, and only those are in the answer, which is then marked incomplete."""
+    read, and only those are in the answer, which is then marked incomplete.
+
+    ``storage`` is the repository's ``extensions.refStorage``: a reftable stack is read
+    whole (store/reftable.py), and a format gitspout cannot read is refused, never read
+    as loose refs (where ``refs/heads`` is a file saying it is not)."""
+    if storage == "reftable":
+        return read_reftable_snapshot(gitdir, fs, dirs, cache, hex_len, peel)
+    if storage != "files":
+        raise StorageError(f"unsupported ref storage format {storage!r}", kind="refs",
+                           what="unsupported ref storage")
     # Loose refs first, then packed-refs, as refs/files-backend.c does: `git pack-refs`
     # writes the new packed-refs before it deletes the loose files, so a ref that moves
     # from one to the other is seen in at least one of them, never lost or rolled back.
@@ -375,3 +386,62 @@ def _top(fs: FsOps, dirs: DirCache, gitdir: str) -> Listing:
     if top is None:
         raise FileNotFoundError(gitdir)
     return top
+
+
+_STACK_RETRIES = 3  # a compaction may remove tables between tables.list and their open
+
+
+def read_reftable_snapshot(gitdir: str, fs: FsOps, dirs: DirCache, cache: RefCache,
+                           hex_len: int, peel: Peeler) -> RefSnapshot:
+    """Every ref of a reftable stack: ``tables.list`` read per request (through its
+    directory's listing), each table parsed once per (name, inode) and kept, the newer
+    tables merged into the segments of the oldest as loose refs are into packed ones."""
+    rdir = os.path.join(gitdir, "reftable")
+    for attempt in range(_STACK_RETRIES):
+        listing = dirs.listing(fs, rdir)
+        if listing is None:
+            err = ReftableError("reftable: no reftable directory")
+            err.path = rdir
+            raise err
+        dirs.check_links(fs, rdir, listing)
+        names = [n.decode("utf-8", "surrogateescape")
+                 for n in (dirs.file(fs, os.path.join(rdir, "tables.list"), listing) or b"").split()]
+        entries = listing.names()
+        state = (("reftable", listing.key), *((n, entries[n][1] if n in entries else None)
+                                               for n in names))
+        hit = cache.snapshots.get(state) if dirs.enabled else None
+        if hit is not None:
+            return hit
+        try:
+            tables = [_table(fs, rdir, name, key, cache, hex_len // 2) for name, key in state[1:]]
+        except FileNotFoundError:
+            if attempt + 1 == _STACK_RETRIES:
+                raise
+            dirs.forget(rdir, fs)  # compacted meanwhile: read the new list
+            continue
+        head, base, top = merge_stack(tables, peel)
+        segments = _segments_of(base, top, cache if dirs.enabled else None, None, hex_len)
+        trusted = dirs.enabled and listing.trusted
+        snap = RefSnapshot(head, segments, hex_len, state, complete=True, cacheable=trusted)
+        if trusted:
+            cache.snapshots.put(state, snap, nbytes=200 + sum(s.nbytes for s in segments))
+        return snap
+    raise AssertionError("unreachable")
+
+
+def _table(fs: FsOps, rdir: str, name: str, ino: object, cache: RefCache,
+           hash_len: int) -> Table:
+    """One table of the stack, parsed once per (name, inode): tables never change."""
+    if ino is None or "/" in name or name.startswith("."):
+        raise FileNotFoundError(os.path.join(rdir, name))
+    key = (name, ino)
+    table = cache.tables.get(key)
+    if table is None:
+        path = os.path.join(rdir, name)
+        try:
+            table = parse_table(fs.read_file(path, limit=1 << 32), hash_len)
+        except ReftableError as exc:
+            exc.path = path
+            raise
+        cache.tables.put(key, table, nbytes=table.nbytes)
+    return table

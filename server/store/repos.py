@@ -53,6 +53,7 @@ class RepoConfig:
     object_format: str = "sha1"
     advertise_sid: bool = False
     unborn: str = "advertise"
+    ref_storage: str = "files"  # extensions.refStorage: files or reftable
 
 
 _TRUE = ("true", "yes", "on", "1")
@@ -86,7 +87,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
     allow: dict[str, bool] = {}
     default = True
     max_depth: int | None = None
-    fmt, unborn, sid = "sha1", "advertise", False
+    fmt, unborn, sid, storage = "sha1", "advertise", False, "files"
     for e in entries:
         what = ".".join(p for p in (e.section, e.subsection, e.key) if p is not None)
         if e.subsection is None and e.section in ("uploadpack", "transfer") \
@@ -109,6 +110,9 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         elif e.section == "extensions" and e.subsection is None and e.key == "objectformat" \
                 and e.value is not None:
             fmt = e.value.lower()
+        elif e.section == "extensions" and e.subsection is None and e.key == "refstorage" \
+                and e.value is not None:
+            storage = e.value.lower()
         elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn" \
                 and e.value is not None:
             unborn = e.value.lower()
@@ -128,6 +132,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         object_format=fmt,
         advertise_sid=sid,
         unborn=unborn,
+        ref_storage=storage,
     )
 
 
