@@ -539,7 +539,7 @@ def pack_key(ctx: RequestContext, plan: FetchPlan) -> bytes:
         _packs_digest(ctx.odb),
         b"w", *sorted(set(plan.wants) | set(plan.shallow.extra_wants)),
         b"c", *sorted(plan.common), b"s", *sorted(plan.shallow.cut),
-        b"u", *sorted(plan.shallow.unshallow),
+        b"u", *sorted(plan.shallow.unshallow), b"g", *sorted(ctx.grafts),
         b"%d" % plan.shallow.sent, repr(req.filter).encode(),
         # thin-pack without a common object changes nothing: clones share with or without
         b"%d%d" % (req.thin_pack and bool(plan.common), req.ofs_delta),

@@ -3,6 +3,7 @@ ls-refs and object-info, and the cache of encoded answers kept per ref state and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -131,7 +132,11 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     keeps (:class:`~..store.packedrefs.RefSegment`): after a change, only the segments that
     changed are encoded again."""
     _ = ctx.config  # read first: the key names the config this answer depends on
-    key = (kind, ctx.refs_state(kind), ctx.repo.config_key())
+    # A shallow repository's v0 advertisement ends with its shallow commits
+    # (upload-pack.c: advertise_shallow_grafts, after the refs, before the flush).
+    trailer = _shallow_lines(ctx) if kind and kind[0] == "v0" else []
+    key = (kind, ctx.refs_state(kind), ctx.repo.config_key(),
+           hashlib.sha1(b"".join(trailer)).digest() if trailer else b"")
     # Nothing is put while the cross-request cache is off: the lookup is then a miss.
     hit = ctx.repo.ref_cache.encoded.get(key)
     if hit is not None:
@@ -141,7 +146,7 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     keep = ctx.dirs.enabled and _small_key(kind)
     seg = segmented() if segmented is not None and keep else None
     if seg is not None:
-        whole = _from_segments(ctx, seg, preamble)
+        whole = _from_segments(ctx, seg, preamble, trailer)
         # A large answer is not kept whole: its chunks are the segments' encodings, kept
         # (and counted) in ref_encodings, and joining them again costs a lookup each.
         size = sum(len(c) for c in whole)
@@ -155,6 +160,8 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     if preamble:
         _keep(chunks, buf.add_flush())
     for payload in payloads():
+        _keep(chunks, buf.add(payload))
+    for payload in trailer:
         _keep(chunks, buf.add(payload))
     _keep(chunks, buf.add_flush())
     _keep(chunks, buf.take())
@@ -212,7 +219,14 @@ def _plain_lines(segment: RefSegment) -> bytes:
     return b"".join(out)
 
 
-def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes]) -> list[bytes]:
+def _shallow_lines(ctx: RequestContext) -> list[bytes]:
+    """``shallow <id>`` for each of the repository's own shallow commits, by id, as C
+    git's graft list holds them."""
+    return [b"shallow %s\n" % oid.hex().encode() for oid in sorted(ctx.grafts)]
+
+
+def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes],
+                   trailer: Sequence[bytes] = ()) -> list[bytes]:
     """The body: preamble, first part, each segment's kept encoding (made when missing),
     flush; pieces are joined into chunks of at least 32 KiB (a segment is about that)."""
     hide = tuple(ctx.config.hide_refs)
@@ -257,6 +271,7 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
         if size >= DEFAULT_CHUNK_SIZE:
             chunks.append(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             pieces, size = [], 0
+    pieces.extend(encode_pkt(p) for p in trailer)
     pieces.append(FLUSH_PKT)
     chunks.append(b"".join(pieces))
     return chunks

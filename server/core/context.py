@@ -44,6 +44,22 @@ def _read_refs(gitdir: str, *args: Any) -> RefSnapshot:
         raise
 
 
+def parse_shallow_file(raw: bytes, hash_len: int) -> frozenset[bytes]:
+    """The ids of a ``shallow`` file; a line that is no id is a storage fault (C git
+    dies on it: "bad shallow line")."""
+    out = set()
+    for line in raw.split():
+        if len(line) != 2 * hash_len:
+            raise StorageError(f"bad shallow line {line[:80]!r}", kind="shallow",
+                               what="corrupt shallow file")
+        try:
+            out.add(binascii.unhexlify(line))
+        except binascii.Error:
+            raise StorageError(f"bad shallow line {line[:80]!r}", kind="shallow",
+                               what="corrupt shallow file") from None
+    return frozenset(out)
+
+
 KEY_PREFIX_BYTES = 4096
 
 
@@ -70,6 +86,7 @@ class RequestContext:
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
     _src: CommitSource | None = None
+    _grafts: frozenset[bytes] | None = None
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
@@ -134,8 +151,25 @@ class RequestContext:
     @property
     def src(self) -> CommitSource:
         if self._src is None:
-            self._src = CommitSource(self.odb, self.odb.commit_graph())
+            grafts = self.grafts
+            # C git reads no commit-graph in a shallow repository: its parents would
+            # lead past the shallow commits.
+            graph = None if grafts else self.odb.commit_graph()
+            self._src = CommitSource(self.odb, graph, grafts)
         return self._src
+
+    @property
+    def grafts(self) -> frozenset[bytes]:
+        """The repository's own shallow commits (``$GIT_DIR/shallow``, one hex id a line),
+        read once per request and once per version of the file (through the git
+        directory's listing: git renames a new file into place)."""
+        if self._grafts is None:
+            gitdir = self.repo.gitdir
+            top = self.dirs.listing(self.fs, gitdir)
+            raw = self.dirs.file(self.fs, os.path.join(gitdir, "shallow"), top) \
+                if top is not None else None
+            self._grafts = parse_shallow_file(raw or b"", self.hash_len)
+        return self._grafts
 
     @property
     def refs(self) -> RefSnapshot:

@@ -438,7 +438,11 @@ def bitmap_filter_supported(spec: FilterSpec | None) -> bool:
 
 
 def open_bitmap_index(src: CommitSource) -> BitmapIndex | None:
-    """The bitmap index of the first pack that has a usable ``.bitmap``."""
+    """The bitmap index of the first pack that has a usable ``.bitmap``. None in a shallow
+    repository: a bitmap reaches past its shallow commits (pack-objects does without
+    bitmaps there too)."""
+    if src.grafts:
+        return None
     for pack in src.odb.packs:
         bitmaps = load_bitmaps(pack)
         if bitmaps is not None:

@@ -239,15 +239,25 @@ _SLOP = 5  # revision.c SLOP: uninteresting commits walked past the last interes
 class CommitSource:
     """Reads commits (and trees, tags) for one request, caching parsed commits and trees."""
 
-    def __init__(self, odb: ObjectSnapshot, graph: CommitGraph | None = None) -> None:
+    def __init__(self, odb: ObjectSnapshot, graph: CommitGraph | None = None,
+                 grafts: frozenset[bytes] = frozenset()) -> None:
         self.odb = odb
         self.graph = graph
+        # The repository's own shallow commits ($GIT_DIR/shallow): their parents are not
+        # here, and every walk stops at them, as C git's grafts make it (shallow.c).
+        self.grafts = grafts
         self.hex_len = odb.hash_len * 2
         self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
         self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False)
         self._graph_pos: dict[bytes, int] = {}  # see object_type
 
     def commit(self, oid: bytes) -> CommitInfo:
+        if self.grafts and oid in self.grafts:
+            info = self._commit(oid)
+            return CommitInfo(info.tree, (), info.time)
+        return self._commit(oid)
+
+    def _commit(self, oid: bytes) -> CommitInfo:
         if self.graph is not None:
             # The commit-graph answers from a mapped file: no need to keep a copy.
             try:

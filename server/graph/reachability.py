@@ -110,7 +110,7 @@ def tips_closure(src: CommitSource, tips: Set[bytes], level: str,
     or the tips with the whole trees of the tip commits (``_TIP_TREES``), kept in
     ``cache`` by the tips: objects are immutable, so the closure of given tips never
     changes (ARCHITECTURE.md I7). A closure of ALL answers the other levels."""
-    digest = hashlib.sha1(b"".join(sorted(tips))).digest()
+    digest = hashlib.sha1(b"".join(sorted(tips)) + b"g" + b"".join(sorted(src.grafts))).digest()
     held = (ALL, level) if level != ALL else (ALL,)
     for name in held:
         hit = cache.get(("tips_closure", digest, name)) if cache is not None else None

@@ -51,22 +51,31 @@ def _depth_walk(
     level = list(dict.fromkeys(heads))
     seen = set(level)
     not_shallow: set[bytes] = set()
+    boundary: list[bytes] = []
+    grafts = src.grafts
     distance = 0
     while level:
         if depth != INFINITE_DEPTH and distance + 1 >= depth:
             for commit in level:
                 src.commit(commit)  # C git parses the boundary too: a broken one fails here
-            return level, set(level), not_shallow
+            boundary.extend(level)
+            return boundary, set(boundary), not_shallow
         following: list[bytes] = []
         for commit in level:
+            info = src.commit(commit)
+            if commit in grafts:
+                # One of the repository's own shallow commits: a boundary whatever the
+                # depth, SHALLOW and not NOT_SHALLOW (shallow.c get_shallows_or_depth).
+                boundary.append(commit)
+                continue
             not_shallow.add(commit)
-            for parent in src.commit(commit).parents:
+            for parent in info.parents:
                 if parent not in seen:
                     seen.add(parent)
                     following.append(parent)
         level = following
         distance += 1
-    return [], set(), not_shallow
+    return boundary, set(boundary), not_shallow
 
 
 def _rev_list_walk(
@@ -100,18 +109,23 @@ def plan_shallow(
 ) -> ShallowPlan:
     """Compute the shallow/unshallow answer. ``client_shallows`` are the client's shallow
     lines that name commits we have; ``deepen_not`` are resolved commit ids."""
-    if req.depth == 0 and not req.deepen_rev_list:
-        return ShallowPlan(cut=frozenset(client_shallows))
-    if req.depth == INFINITE_DEPTH:
+    depth = req.depth
+    if depth == 0 and not req.deepen_rev_list:
+        if not (src.grafts and req.version == 2):
+            return ShallowPlan(cut=frozenset(client_shallows))
+        # A shallow repository answers every v2 fetch with its shallow commits the wants
+        # reach (upload-pack.c send_shallow_info: deepen(INFINITE_DEPTH)).
+        depth = INFINITE_DEPTH
+    if depth == INFINITE_DEPTH and not src.grafts:
         result: list[bytes] = []
         flagged_shallow: set[bytes] = set()
         not_shallow = set(client_shallows)
-    elif req.depth > 0 and req.deepen_relative:
+    elif depth > 0 and req.deepen_relative:
         # upload-pack.c (2.39) deepen(): walk depth+1 from the client's current boundary.
         heads = [s for s in client_shallows]
-        result, flagged_shallow, not_shallow = _depth_walk(src, heads, req.depth + 1)
-    elif req.depth > 0:
-        result, flagged_shallow, not_shallow = _depth_walk(src, _commit_heads(src, wants), req.depth)
+        result, flagged_shallow, not_shallow = _depth_walk(src, heads, depth + 1)
+    elif depth > 0:
+        result, flagged_shallow, not_shallow = _depth_walk(src, _commit_heads(src, wants), depth)
     else:
         result, flagged_shallow, not_shallow = _rev_list_walk(
             src, _commit_heads(src, wants), req.deepen_since, _commit_heads(src, deepen_not)

@@ -101,12 +101,14 @@ def _cold_budget(ctx: RequestContext) -> int:
     return min(SMALL_FETCH_OBJECTS, 16 * max(cold) // unit) if cold else 0
 
 
-def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]]) -> tuple[object, ...]:
+def _walk_key(plan: FetchPlan, tags: Sequence[tuple[bytes, bytes]],
+              grafts: frozenset[bytes]) -> tuple[object, ...]:
     """What a walk's result depends on. Objects are immutable, so the objects reachable from
-    given wants, minus given haves, never change: the key needs no repository state."""
+    given wants, minus given haves, never change: the key needs no repository state but the
+    repository's own shallow commits, where every walk stops."""
     req = plan.req
     parts = [b"w", *sorted(_wants(plan)), b"h", *sorted(_haves(plan)), b"c", *sorted(plan.shallow.cut),
-             b"t", *sorted(t for pair in tags for t in pair)]
+             b"t", *sorted(t for pair in tags for t in pair), b"g", *sorted(grafts)]
     digest = hashlib.sha1(b"\0".join(parts)).digest()
     return ("walk", digest, repr(req.filter))
 
@@ -119,7 +121,7 @@ def _from_walk(ctx: RequestContext, plan: FetchPlan,
     req = plan.req
     tags = _tag_refs(ctx) if req.include_tag else []
     cache = ctx.registry.reach_cache
-    key = _walk_key(plan, tags)
+    key = _walk_key(plan, tags, ctx.src.grafts)
     enum = cache.get(key)
     if not isinstance(enum, Enumeration):
         try:

@@ -27,6 +27,7 @@ __all__ = [
     "MODE_TREE",
     "MODE_GITLINK",
     "HASH_LEN",
+    "EMPTY_TREE",
     "HASH_ID_LEN",
     "new_hash",
     "trailer_matches",
@@ -46,6 +47,11 @@ HASH_LEN = {fmt: hex_len // 2 for fmt, hex_len in HEX_LEN.items()}
 HASH_ID_LEN = {1: HASH_LEN["sha1"], 2: HASH_LEN["sha256"]}
 """Binary id length by the hash id that git's binary files record (commit-graph, ...)."""
 _HASH_NEW = {HASH_LEN["sha1"]: hashlib.sha1, HASH_LEN["sha256"]: hashlib.sha256}
+
+
+# The empty tree is present in every repository, stored or not, as C git's object lookup
+# has it built in (object-file.c find_cached_object): by id, per hash length.
+EMPTY_TREE = {hash_len: new(b"tree 0\0").digest() for hash_len, new in _HASH_NEW.items()}
 
 
 def new_hash(hash_len: int) -> hashlib._Hash:

@@ -23,7 +23,7 @@ from .errors import StorageError
 from .faults import report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
-from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
+from .objformat import EMPTY_TREE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
 from .packs import EntryHeader, PackFile, PackFormatError, Windows
 from .registry import LOOSE_ID_COST, Leased, PackRegistry
 
@@ -51,6 +51,11 @@ class MissingObject(ObjectStoreError):
     def __init__(self, oid: bytes) -> None:
         super().__init__(f"missing object {oid.hex()}")
         self.oid = oid
+
+
+EMPTY_TREE_PATH = "<the empty tree>"
+"""Where :meth:`ObjectSnapshot.locate` says the empty tree is when no file holds it: read
+as a loose object whose path no file has (objformat.EMPTY_TREE)."""
 
 
 class PackedLocation(NamedTuple):
@@ -315,6 +320,8 @@ class ObjectSnapshot:
                 loc = snap._find_local(oid)
                 if loc is not None:
                     return loc
+        if oid == EMPTY_TREE[self.hash_len]:
+            return EMPTY_TREE_PATH
         if needed:
             self._raise_if_broken(oid)
         return None
@@ -344,6 +351,8 @@ class ObjectSnapshot:
         return self.read_packed(loc.pack, loc.offset)
 
     def _read_loose(self, path: str, oid: bytes) -> tuple[int, bytes]:
+        if path == EMPTY_TREE_PATH:
+            return OBJ_TREE, b""
         cache = self.registry.objects
         hit = cache.get(("loose", oid))
         if hit is not None:
@@ -371,6 +380,8 @@ class ObjectSnapshot:
 
     def cached_loose(self, oid: bytes) -> tuple[int, bytes] | None:
         """A loose object from the process-wide objects cache, if it is there."""
+        if oid == EMPTY_TREE[self.hash_len]:
+            return OBJ_TREE, b""
         return self.registry.objects.get(("loose", oid))  # type: ignore[no-any-return]
 
     def keep_loose(self, oid: bytes, type_num: int, data: bytes) -> None:
