@@ -1,0 +1,179 @@
+"""How git's test Apache reaches gitspout: an include file and an ``LIB_HTTPD_PATH`` wrapper.
+
+git's ``t/lib-httpd.sh`` starts Apache as ``$LIB_HTTPD_PATH -d <trash>/httpd -f
+t/lib-httpd/apache.conf ... -k start``, and ``LIB_HTTPD_PATH`` may be set from the
+environment. The runner points it at a small wrapper, so nothing of git's tree is patched:
+- on ``-k start`` the wrapper asks the runner (a request file in ``$GITSPOUT_SUITE_DIR``) for
+  a gitspout rooted at ``<trash>/httpd/www`` and waits for its port; then it runs Apache
+  with ``-c "Define GITSPOUT_PORT <port>" -c "Include <proxy conf>"``: directives that
+  Apache applies after git's own config;
+- anything else (``-v``, ``-k stop``) is Apache unchanged.
+
+The include proxies the two upload-pack requests, ``GET .../info/refs?service=git-upload-pack``
+and ``POST .../git-upload-pack``, of every path that git's config hands to git-http-backend
+(``ScriptAliasMatch /smart_*[^/]*/(.*)``: /smart/, /auth/smart/, /smart_v0/...). Apache
+still does what git's config asks of it (basic auth, ``Require expr``, ``Header set``,
+the access log), then proxies. Everything else (dumb HTTP, receive-pack, the CGI scripts
+that fake broken servers) stays on git-http-backend.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+__all__ = ["Location", "LOCATIONS", "proxy_conf", "wrapper_script", "PORT_VARIABLE"]
+
+PORT_VARIABLE = "GITSPOUT_PORT"
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A URL prefix of git's apache.conf whose upload-pack requests reach gitspout, and
+    what git-http-backend gets there from the environment that gitspout has to be told."""
+
+    prefix: str
+    backend_env: str
+    gitspout_needs: str
+
+
+# What apache.conf sets per <LocationMatch> for git-http-backend (GIT_HTTP_EXPORT_ALL,
+# GIT_NAMESPACE, GIT_PROTOCOL...) and its gitspout equivalent. gitspout serves every
+# location from the same --root (the test's www directory) with the prefix stripped.
+LOCATIONS: tuple[Location, ...] = (
+    Location("/smart/", "GIT_HTTP_EXPORT_ALL", "nothing: gitspout serves every repository"),
+    Location("/smart_noexport/", "(no GIT_HTTP_EXPORT_ALL): git-daemon-export-ok required",
+             "--require-export-ok (issue 26); the tests use it for dumb files only"),
+    Location("/smart_custom_env/", "GIT_COMMITTER_NAME/EMAIL (receive-pack reflog)",
+             "nothing for upload-pack"),
+    Location("/smart_namespace/", "GIT_NAMESPACE=ns",
+             "a TOML mapping of the URL path to repository + namespace ns (issue 26)"),
+    Location("/smart_cookies/", "Header set Set-Cookie (Apache)", "nothing: Apache adds it"),
+    Location("/smart_headers/", "Require expr on x-magic-* headers (Apache)",
+             "nothing: Apache checks them before it proxies"),
+    Location("/smart_v0/", "GIT_PROTOCOL set empty, so the Git-Protocol header is ignored",
+             "nothing: Apache drops the Git-Protocol header (RequestHeader unset)"),
+    Location("/auth/smart/", "Apache basic auth (REMOTE_USER)",
+             "nothing: Apache authenticates, then proxies"),
+    Location("/auth-fetch/smart/", "Apache basic auth on POST git-upload-pack only",
+             "nothing: Apache authenticates, then proxies"),
+    Location("/half-auth-complete/smart/", "Apache auth for receive-pack only",
+             "nothing for upload-pack"),
+)
+
+# /one_time_script/ (git-http-backend's answer rewritten once by a test's script) gets
+# gitspout's answer through one-time-bridge.sh instead, a CGI that calls gitspout.
+# Not routed to gitspout: CGI scripts that fake a server or run git-http-backend themselves.
+NOT_ROUTED = (
+    "/smart/incomplete_length/, /smart/incomplete_body/, /error_git_upload_pack/: fake servers",
+    "/custom_auth/, /http_429/: CGI scripts that run git-http-backend themselves",
+    "/intern-redir/: rewritten to /smart/ with [PT] before the proxy rules see it",
+)
+
+# The upload-pack requests of the paths that apache.conf's ScriptAliasMatch hands to
+# git-http-backend: "/smart_*[^/]*/(.*)" matched anywhere in the path (leftmost).
+# Anchored on "/" so that a URL an earlier [R] rule already rewrote ("redirect:http://...")
+# is left alone: those redirects must still reach the client.
+_BACKEND_PATH = r"^/(?:.*?/)??smart_*[^/]*/"
+# ScriptAliases listed before that ScriptAliasMatch win over it: fake servers, not backend.
+_EXCLUDED = (
+    r"RewriteCond %{REQUEST_URI} !^/smart/incomplete_(length|body)/git-upload-pack",
+    r"RewriteCond %{REQUEST_URI} !/error_git_upload_pack/.*/git-upload-pack$",
+)
+
+
+def proxy_conf(bridge: str) -> str:
+    """The Apache include that routes upload-pack to gitspout at ``${GITSPOUT_PORT}``;
+    ``bridge`` is where one-time-bridge.sh is (an absolute path)."""
+    target = f"http://127.0.0.1:${{{PORT_VARIABLE}}}/$1"
+    bridge_dir = bridge.rsplit("/", 1)[0]
+    lines = [
+        "# gitspout's git test-suite runner: upload-pack requests to gitspout (generated by",
+        "# tests/gitsuite/gitsuite_apache.py; included after git's t/lib-httpd/apache.conf).",
+        "<IfModule !mod_proxy.c>",
+        "\tLoadModule proxy_module modules/mod_proxy.so",
+        "</IfModule>",
+        "<IfModule !mod_proxy_http.c>",
+        "\tLoadModule proxy_http_module modules/mod_proxy_http.so",
+        "</IfModule>",
+        "",
+        "# git-http-backend takes GIT_PROTOCOL from the environment before the Git-Protocol",
+        "# header, and /smart_v0/ sets it empty: there the header must not reach gitspout.",
+        "<LocationMatch /smart_v0/>",
+        "\tRequestHeader unset Git-Protocol",
+        "</LocationMatch>",
+        "",
+        "# t5564 turns Apache into a forward proxy that asks for proxy auth in <Proxy \"*\">,",
+        "# which would also apply to these reverse-proxied requests.",
+        "<IfDefine PROXY>",
+        f"<Proxy \"http://127.0.0.1:${{{PORT_VARIABLE}}}/*\">",
+        "\tRequire all granted",
+        "</Proxy>",
+        "</IfDefine>",
+        "",
+        *_EXCLUDED,
+        r"RewriteCond %{QUERY_STRING} (^|&)service=git-upload-pack(&|$)",
+        f"RewriteRule {_BACKEND_PATH}(.*/info/refs)$ {target} [P]",
+        *_EXCLUDED,
+        f"RewriteRule {_BACKEND_PATH}(.*/git-upload-pack)$ {target} [P]",
+        "",
+        "# /one_time_script/: the same CGI protocol as git's apply-one-time-script.sh, with",
+        "# gitspout's answer (the URI, hence git's <LocationMatch> and its SetEnv, is kept).",
+        "<LocationMatch /one_time_script/>",
+        f"\tSetEnv {PORT_VARIABLE} ${{{PORT_VARIABLE}}}",
+        "</LocationMatch>",
+        f'<Directory "{bridge_dir}">',
+        "\tOptions +ExecCGI",
+        "</Directory>",
+        f'RewriteRule ^/one_time_script/(.*)$ "{bridge}/$1" [H=cgi-script]',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def wrapper_script(httpd: str, conf: str, timeout_s: int = 60) -> str:
+    """The ``LIB_HTTPD_PATH`` wrapper (POSIX sh): Apache, plus a gitspout on ``-k start``.
+
+    The request is ``$GITSPOUT_SUITE_DIR/req.<id>`` holding the www directory; the runner
+    answers ``port.<id>`` (or ``fail.<id>``, a message). Both are written whole (rename).
+    """
+    q_httpd, q_conf = shlex.quote(httpd), shlex.quote(conf)
+    polls = timeout_s * 10
+    return f"""#!/bin/sh
+# LIB_HTTPD_PATH for git's t/lib-httpd.sh, written by gitspout's tests/gitsuite/run.py.
+httpd={q_httpd}
+conf={q_conf}
+case " $* " in
+*" -k start "*) ;;
+*) exec "$httpd" "$@" ;;
+esac
+root=
+prev=
+for arg
+do
+	test "$prev" = -d && root=$arg
+	prev=$arg
+done
+dir=${{GITSPOUT_SUITE_DIR:?GITSPOUT_SUITE_DIR is not set}}
+id=$$
+printf '%s\\n' "$root/www" >"$dir/tmp.$id" && mv "$dir/tmp.$id" "$dir/req.$id" || exit 1
+# The runner starts gitspout, then answers; poll its answer to a deadline.
+n=0
+while ! test -f "$dir/port.$id"
+do
+	if test -f "$dir/fail.$id"
+	then
+		cat "$dir/fail.$id" >&2
+		exit 1
+	fi
+	n=$((n + 1))
+	if test $n -gt {polls}
+	then
+		echo "gitspout did not start within {timeout_s}s" >&2
+		exit 1
+	fi
+	sleep 0.1
+done
+port=$(cat "$dir/port.$id")
+exec "$httpd" "$@" -c "Define {PORT_VARIABLE} $port" -c "Include $conf"
+"""
