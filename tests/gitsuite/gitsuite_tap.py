@@ -13,7 +13,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["TestResult", "ScriptResult", "Row", "parse_tap", "compare", "format_report"]
+__all__ = ["TestResult", "ScriptResult", "Row", "parse_tap", "compare", "format_report",
+           "verbose_section"]
 
 _LINE = re.compile(r"^(not ok|ok) (\d+)(?: - (.*?))?(?: # (skip|SKIP|TODO)\b ?(.*))?$")
 _PLAN = re.compile(r"^1\.\.(\d+)(?: # SKIP ?(.*))?$")
@@ -202,3 +203,19 @@ def _listing(heading: str, groups: Sequence[tuple[str, Sequence[TestResult]]]) -
 def _short(script: str) -> str:
     """``t5551-http-fetch-smart`` -> ``t5551``."""
     return script.split("-", 1)[0]
+
+
+def verbose_section(lines: Iterable[str], number: int) -> list[str]:
+    """The ``--verbose-log`` lines of test ``number``: from its "expecting success of
+    NNNN.N" (or "checking known breakage of") to its "ok"/"not ok" line, both included."""
+    start = re.compile(rf"^(expecting success|checking known breakage|checking to-be-fixed "
+                       rf"breakage) of \d+\.{number} ")
+    end = re.compile(rf"^(not )?ok {number}( |$)")
+    out: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\n")
+        if out or start.match(line):
+            out.append(line)
+            if end.match(line):
+                break
+    return out

@@ -30,7 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gitsuite_apache import proxy_conf, wrapper_script  # noqa: E402
 from gitsuite_spout import SpoutKeeper  # noqa: E402
-from gitsuite_tap import ScriptResult, compare, format_report, parse_tap  # noqa: E402
+from gitsuite_tap import (  # noqa: E402
+    ScriptResult,
+    compare,
+    format_report,
+    parse_tap,
+    verbose_section,
+)
 
 # The scripts of issue 26: git's HTTP fetch tests that reach upload-pack through Apache.
 # (t5555, t5562 and t5704 call git-http-backend directly, with no web server to proxy.)
@@ -91,6 +97,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="extra argument to gitspout serve (repeatable)")
     p.add_argument("--report-only", action="store_true",
                    help="print the report of the results already in --out")
+    p.add_argument("--show", metavar="tNNNN.N",
+                   help="print one test's verbose log from each run in --out, and the "
+                        "gitspout log's warnings and errors for its script")
     return p.parse_args(argv)
 
 
@@ -273,6 +282,24 @@ def report(results: dict[str, dict[str, ScriptResult]], meta: dict[str, object])
     return "\n".join(head) + "\n\n" + format_report(rows, modes)
 
 
+def show(tdir: Path, out: Path, which: str) -> int:
+    """Print test ``tNNNN.N``'s section of each mode's verbose log, then what the gitspout
+    log of that script says at warning level and above (its JSON request lines excepted)."""
+    number, _, test = which.partition(".")
+    name = resolve_scripts(tdir, number)[0].name.removesuffix(".sh")
+    for mode in MODES:
+        path = out / mode / "test-results" / f"{name}.out"
+        if path.is_file():
+            with path.open(errors="replace") as f:
+                print(f"==== {mode}: {path}", *verbose_section(f, int(test)), sep="\n")
+    log = out / "gitspout-logs" / f"{name}.log"
+    if log.is_file():
+        print(f"==== gitspout log: {log}")
+        with log.open(errors="replace") as f:
+            print(*(line.rstrip() for line in f if not line.startswith("{")), sep="\n")
+    return 0
+
+
 def progress(i: int, n: int, result: ScriptResult, mode: str) -> None:
     fails = ",".join(str(t.number) for t in result.failures) or "none"
     state = " ABORTED" if result.aborted and result.skip_all is None else ""
@@ -288,6 +315,8 @@ def main(argv: Sequence[str]) -> int:
     if args.report_only:
         print(report(*load(out)), end="")
         return 0
+    if args.show:
+        return show(src / "t", out, args.show)
     if not (src / "t" / "lib-httpd.sh").is_file():
         sys.exit(f"{src} is not a git source tree (no t/lib-httpd.sh)")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
