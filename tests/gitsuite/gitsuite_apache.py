@@ -20,55 +20,17 @@ that fake broken servers) stays on git-http-backend.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
-__all__ = ["Location", "LOCATIONS", "proxy_conf", "wrapper_script", "PORT_VARIABLE"]
+__all__ = ["proxy_conf", "wrapper_script", "PORT_VARIABLE"]
 
 PORT_VARIABLE = "GITSPOUT_PORT"
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
-    """A URL prefix of git's apache.conf whose upload-pack requests reach gitspout, and
-    what git-http-backend gets there from the environment that gitspout has to be told."""
-
-    prefix: str
-    backend_env: str
-    gitspout_needs: str
-
-
-# What apache.conf sets per <LocationMatch> for git-http-backend (GIT_HTTP_EXPORT_ALL,
-# GIT_NAMESPACE, GIT_PROTOCOL...) and its gitspout equivalent. gitspout serves every
-# location from the same --root (the test's www directory) with the prefix stripped.
-LOCATIONS: tuple[Location, ...] = (
-    Location("/smart/", "GIT_HTTP_EXPORT_ALL", "nothing: gitspout serves every repository"),
-    Location("/smart_noexport/", "(no GIT_HTTP_EXPORT_ALL): git-daemon-export-ok required",
-             "--require-export-ok (issue 26); the tests use it for dumb files only"),
-    Location("/smart_custom_env/", "GIT_COMMITTER_NAME/EMAIL (receive-pack reflog)",
-             "nothing for upload-pack"),
-    Location("/smart_namespace/", "GIT_NAMESPACE=ns",
-             "a TOML mapping of the URL path to repository + namespace ns (issue 26)"),
-    Location("/smart_cookies/", "Header set Set-Cookie (Apache)", "nothing: Apache adds it"),
-    Location("/smart_headers/", "Require expr on x-magic-* headers (Apache)",
-             "nothing: Apache checks them before it proxies"),
-    Location("/smart_v0/", "GIT_PROTOCOL set empty, so the Git-Protocol header is ignored",
-             "nothing: Apache drops the Git-Protocol header (RequestHeader unset)"),
-    Location("/auth/smart/", "Apache basic auth (REMOTE_USER)",
-             "nothing: Apache authenticates, then proxies"),
-    Location("/auth-fetch/smart/", "Apache basic auth on POST git-upload-pack only",
-             "nothing: Apache authenticates, then proxies"),
-    Location("/half-auth-complete/smart/", "Apache auth for receive-pack only",
-             "nothing for upload-pack"),
-)
-
-# /one_time_script/ (git-http-backend's answer rewritten once by a test's script) gets
-# gitspout's answer through one-time-bridge.sh instead, a CGI that calls gitspout.
-# Not routed to gitspout: CGI scripts that fake a server or run git-http-backend themselves.
-NOT_ROUTED = (
-    "/smart/incomplete_length/, /smart/incomplete_body/, /error_git_upload_pack/: fake servers",
-    "/custom_auth/, /http_429/: CGI scripts that run git-http-backend themselves",
-    "/intern-redir/: rewritten to /smart/ with [PT] before the proxy rules see it",
-)
+# What git's apache.conf sets per location for git-http-backend (GIT_HTTP_EXPORT_ALL,
+# GIT_NAMESPACE, GIT_PROTOCOL...), what gitspout needs instead, and what is not routed to
+# gitspout: docs/git-test-suite.md. gitspout serves every location from one --root (the
+# test's www directory), the location prefix stripped. /one_time_script/ (a test's script
+# rewrites the answer once) goes to gitspout through one-time-bridge.sh, a CGI.
 
 # The upload-pack requests of the paths that apache.conf's ScriptAliasMatch hands to
 # git-http-backend: "/smart_*[^/]*/(.*)" matched anywhere in the path (leftmost).

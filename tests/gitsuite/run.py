@@ -159,8 +159,7 @@ def build(setup: Setup, jobs: int, make_args: str) -> float:
 def resolve_scripts(tdir: Path, spec: str) -> list[Path]:
     """Test script paths from numbers ("t5551"), names, or "all-http"."""
     if spec.strip() == "all-http":
-        return sorted(p for p in tdir.glob("t[0-9]*.sh")
-                      if "lib-httpd.sh" in p.read_text(errors="replace"))
+        return http_scripts(tdir)
     scripts = []
     for word in spec.replace(",", " ").split():
         matches = sorted(tdir.glob(f"{word.removesuffix('.sh')}*.sh"))
@@ -168,6 +167,17 @@ def resolve_scripts(tdir: Path, spec: str) -> list[Path]:
             sys.exit(f"test script {word!r}: {len(matches)} matches in {tdir}")
         scripts.append(matches[0])
     return scripts
+
+
+def http_scripts(tdir: Path) -> list[Path]:
+    """Every script that starts Apache: those that source lib-httpd.sh, and those that
+    source such a script (t5559 is t5551 over HTTP/2: ". ./t5551-http-fetch-smart.sh")."""
+    texts = {p: p.read_text(errors="replace") for p in tdir.glob("t[0-9]*.sh")}
+    found = {p for p, text in texts.items() if "lib-httpd.sh" in text}
+    for p, text in texts.items():
+        if any(f". ./{q.name}" in text for q in found):
+            found.add(p)
+    return sorted(found)
 
 
 def clean_env(setup: Setup) -> dict[str, str]:

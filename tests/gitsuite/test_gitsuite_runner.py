@@ -4,9 +4,11 @@ and the Apache routing rules (make test-git-suite itself needs git's source: not
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from gitsuite_apache import proxy_conf, wrapper_script
-from gitsuite_tap import ScriptResult, compare, format_report, parse_tap
+from gitsuite_tap import ScriptResult, compare, format_report, parse_tap, verbose_section
+from run import http_scripts, resolve_scripts
 
 # Shaped like git 2.55's t/test-lib.sh output (--verbose-log: TAP only on stdout).
 STOCK_TAP = """\
@@ -173,7 +175,8 @@ def test_one_time_script_goes_through_the_bridge() -> None:
 
 def test_smart_v0_drops_the_protocol_header() -> None:
     conf = proxy_conf(BRIDGE)
-    assert re.search(r"<LocationMatch /smart_v0/>\s+RequestHeader unset Git-Protocol", conf)
+    assert re.search(r"<LocationMatch /smart_v0/>\s+RequestHeader unset Git-Protocol$", conf,
+                     re.MULTILINE)
 
 
 def test_wrapper_passes_other_calls_through() -> None:
@@ -182,3 +185,42 @@ def test_wrapper_passes_other_calls_through() -> None:
     assert "conf='/o/bin/gitspout proxy.conf'" in text
     assert 'exec "$httpd" "$@" -c "Define GITSPOUT_PORT $port" -c "Include $conf"' in text
     assert "if test $n -gt 50" in text
+
+
+VERBOSE = """\
+ok 68 - before
+expecting success of 5702.69 'fetch from namespaced repo':
+\tgit fetch "$HTTPD_URL/smart_namespace/nsrepo" &&
+\ttest_cmp expect actual
+
+-261c22f
++803c7ce
+not ok 69 - fetch from namespaced repo
+expecting success of 5702.70 'next':
+ok 70 - next
+"""
+
+
+def test_verbose_section_is_one_test() -> None:
+    section = verbose_section(VERBOSE.splitlines(keepends=True), 69)
+    assert section[0] == "expecting success of 5702.69 'fetch from namespaced repo':"
+    assert section[-1] == "not ok 69 - fetch from namespaced repo"
+    assert "+803c7ce" in section and not any("5702.70" in line for line in section)
+    assert verbose_section(VERBOSE.splitlines(), 6) == []
+
+
+def test_all_http_scripts(tmp_path: Path) -> None:
+    (tmp_path / "t5551-http-fetch-smart.sh").write_text('. "$TEST_DIRECTORY"/lib-httpd.sh\n')
+    (tmp_path / "t5559-http-fetch-smart-http2.sh").write_text(". ./t5551-http-fetch-smart.sh\n")
+    (tmp_path / "t5555-http-smart-common.sh").write_text("git http-backend\n")
+    (tmp_path / "lib-httpd.sh").write_text("start_httpd () {\n}\n")
+    names = [p.name for p in resolve_scripts(tmp_path, "all-http")]
+    assert names == ["t5551-http-fetch-smart.sh", "t5559-http-fetch-smart-http2.sh"]
+    assert http_scripts(tmp_path) == resolve_scripts(tmp_path, "t5551,t5559")
+
+
+def test_forward_proxy_auth_of_t5564_spares_the_reverse_proxy() -> None:
+    # t5564 defines PROXY: git's <Proxy "*"> then asks every proxied request for
+    # proxy auth, and t5564.4-6 fail under the gitspout run without this exception.
+    assert re.search(r'<IfDefine PROXY>\s+<Proxy "http://127\.0\.0\.1:\$\{GITSPOUT_PORT\}/\*">'
+                     r"\s+Require all granted\s+</Proxy>", proxy_conf(BRIDGE))
