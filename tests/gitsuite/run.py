@@ -243,6 +243,18 @@ def _stop_stray_apache(pidfile: Path) -> None:
         pass
 
 
+def check_access(setup: Setup) -> None:
+    """The test user must reach the source tree and the output directory (a tree under
+    /root, for one, it cannot)."""
+    if setup.user is None:
+        return
+    for test, path in (("-x", setup.src), ("-w", setup.out)):
+        probe = subprocess.run(setup.as_user(["test", test, str(path)]), env=clean_env(setup))
+        if probe.returncode != 0:
+            sys.exit(f"user {setup.user.pw_name} cannot reach {path}: choose a GIT_SRC (and "
+                     "--out) outside directories only root can enter")
+
+
 def prepare_out(setup: Setup, modes: Sequence[str]) -> None:
     """Fresh run directories, owned by the test user where the tests write."""
     setup.out.mkdir(parents=True, exist_ok=True)
@@ -273,6 +285,8 @@ def save(out: Path, results: dict[str, dict[str, ScriptResult]], meta: dict[str,
 
 
 def load(out: Path) -> tuple[dict[str, dict[str, ScriptResult]], dict[str, object]]:
+    if not (out / "results.json").is_file():
+        sys.exit(f"no results in {out} (run without --report-only first)")
     data = json.loads((out / "results.json").read_text())
     results = {mode: {name: ScriptResult.from_json(r) for name, r in runs.items()}
                for mode, runs in data["results"].items()}
@@ -338,6 +352,7 @@ def main(argv: Sequence[str]) -> int:
     setup = Setup(src, out, ensure_user(args.user) if root else None, find_httpd(),
                   args.protocol_version or None, args.timeout, tuple(args.gitspout_arg))
     prepare_out(setup, modes)
+    check_access(setup)
     meta: dict[str, object] = {"git": src.name, "protocol": setup.protocol}
     if not args.no_build:
         meta["build_seconds"] = round(build(setup, args.jobs, args.make_args), 1)
