@@ -65,7 +65,7 @@ test-min-deps: $(MIN_VENV)/.installed
 #   make test-git-suite GIT_SRC=/path/to/git-2.55.0 [GITSUITE_ARGS='--protocol-version 0']
 test-git-suite: $(STAMP)
 	@test -n "$(GIT_SRC)" || { echo "usage: make test-git-suite GIT_SRC=DIR [GITSUITE_ARGS=...]"; exit 2; }
-	$(BIN)/python tests/gitsuite/run.py --git-src "$(GIT_SRC)" $(GITSUITE_ARGS)
+	$(BIN)/python tests/gitsuite/gitsuite_run.py --git-src "$(GIT_SRC)" $(GITSUITE_ARGS)
 
 lint: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench

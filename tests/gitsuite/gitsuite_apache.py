@@ -102,7 +102,7 @@ def wrapper_script(httpd: str, conf: str, timeout_s: int = 60) -> str:
     q_httpd, q_conf = shlex.quote(httpd), shlex.quote(conf)
     polls = timeout_s * 10
     return f"""#!/bin/sh
-# LIB_HTTPD_PATH for git's t/lib-httpd.sh, written by gitspout's tests/gitsuite/run.py.
+# LIB_HTTPD_PATH for git's t/lib-httpd.sh, written by gitspout's tests/gitsuite/gitsuite_run.py.
 httpd={q_httpd}
 conf={q_conf}
 case " $* " in

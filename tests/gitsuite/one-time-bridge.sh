@@ -1,5 +1,6 @@
 #!/bin/sh
-# CGI for git's /one_time_script/ location in the gitspout run of tests/gitsuite/run.py.
+# CGI for git's /one_time_script/ location in the gitspout run of
+# tests/gitsuite/gitsuite_run.py.
 #
 # git's t/lib-httpd/apply-one-time-script.sh runs git-http-backend, and when the test left a
 # "one-time-script" in the httpd directory, passes the CGI answer through it once (tests

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from gitsuite_apache import proxy_conf, wrapper_script
+from gitsuite_run import http_scripts, resolve_scripts
 from gitsuite_tap import ScriptResult, compare, format_report, parse_tap, verbose_section
-from run import http_scripts, resolve_scripts
 
 # Shaped like git 2.55's t/test-lib.sh output (--verbose-log: TAP only on stdout).
 STOCK_TAP = """\
