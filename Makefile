@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: serve test test-tiny-budgets test-min-deps lint bench clean
+.PHONY: serve test test-tiny-budgets test-min-deps test-git-suite lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ $(MIN_VENV)/.installed: pyproject.toml
 test-min-deps: $(MIN_VENV)/.installed
 	$(MIN_VENV)/bin/python -c 'import dulwich; v = ".".join(map(str, dulwich.__version__)); assert v == "$(DULWICH_MIN)", v; print("dulwich", v)'
 	$(MIN_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/compat
+
+# C git's own HTTP fetch tests, with stock git-http-backend and with upload-pack proxied to
+# gitspout (docs/git-test-suite.md). Not part of `test`: it needs git's source tree, e.g.
+#   make test-git-suite GIT_SRC=/path/to/git-2.55.0 [GITSUITE_ARGS='--protocol-version 0']
+test-git-suite: $(STAMP)
+	@test -n "$(GIT_SRC)" || { echo "usage: make test-git-suite GIT_SRC=DIR [GITSUITE_ARGS=...]"; exit 2; }
+	$(BIN)/python tests/gitsuite/gitsuite_run.py --git-src "$(GIT_SRC)" $(GITSUITE_ARGS)
 
 lint: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
