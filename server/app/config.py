@@ -30,6 +30,11 @@ class Config:
         metadata={"help": "follow symlinks (to a repository, or inside one: objects, refs, "
                           "packed-refs, alternates...) that lead outside the root"},
     )
+    require_export_ok: bool = field(
+        default=False,
+        metadata={"help": "serve only repositories holding a git-daemon-export-ok file, as "
+                          "git-http-backend does without GIT_HTTP_EXPORT_ALL (others: 404)"},
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8080, metadata={"help": "TCP port to listen on"})
     config: str | None = field(default=None, metadata={"help": "optional TOML config file"})

@@ -233,6 +233,19 @@ async def _start(request: web.Request, content_type: str) -> web.StreamResponse:
     return resp
 
 
+async def _service_refusal(state: ServerState, ctx: RequestContext) -> web.Response | None:
+    """git-http-backend's switches, checked before anything is read or answered: without
+    git-daemon-export-ok under --require-export-ok the repository is not there (404, as
+    for a missing one), and http.uploadpack=false refuses the service (403)."""
+    def check() -> str | None:
+        if state.cfg.require_export_ok and not ctx.exported():
+            raise RepoNotFound(ctx.repo.url_path)
+        return None if ctx.config.http_upload_pack else "Service not enabled: 'upload-pack'"
+
+    refusal = await state.run(check)
+    return None if refusal is None else text_response(403, refusal)
+
+
 async def _resolve(state: ServerState, repo_path: str) -> Repo:
     """The repository: from the resolver's memory, or found on disk in the pool (the first
     time it is asked for: realpath and stats must not block the event loop)."""
@@ -251,6 +264,9 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
         return text_response(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
     rec.service = UPLOAD_PACK
     ctx = state.context(await _resolve(state, repo_path), rec)
+    refusal = await _service_refusal(state, ctx)
+    if refusal is not None:
+        return refusal
     version = protocol_version(request)
     rec.protocol = str(version)
     start = time.monotonic()
@@ -288,6 +304,9 @@ async def handle_upload_pack(state: ServerState, request: web.Request, repo_path
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     ctx = state.context(await _resolve(state, repo_path), rec)
+    refusal = await _service_refusal(state, ctx)
+    if refusal is not None:
+        return refusal
     charge = state.admission.charge() if state.admission is not None else None
     try:
         # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).

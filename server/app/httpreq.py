@@ -17,10 +17,11 @@ __all__ = ["HttpError", "BodyTimeout", "BodyTooLarge", "BodyLimits", "text_respo
 
 UPLOAD_PACK = "git-upload-pack"
 RECEIVE_PACK = "git-receive-pack"
+# In git-http-backend's order (hdr_nocache), which git's own trace tests compare (t5551.5).
 NO_CACHE = {
-    "Cache-Control": "no-cache, max-age=0, must-revalidate",
-    "Pragma": "no-cache",
     "Expires": "Fri, 01 Jan 1980 00:00:00 GMT",
+    "Pragma": "no-cache",
+    "Cache-Control": "no-cache, max-age=0, must-revalidate",
 }
 
 

@@ -158,6 +158,12 @@ class RequestContext:
             self._src = CommitSource(self.odb, graph, grafts)
         return self._src
 
+    def exported(self) -> bool:
+        """The repository holds ``git-daemon-export-ok`` (git-http-backend serves only such
+        repositories unless GIT_HTTP_EXPORT_ALL): one look at the git directory's listing."""
+        top = self.dirs.listing(self.fs, self.repo.gitdir)
+        return top is not None and "git-daemon-export-ok" in top.names()
+
     @property
     def grafts(self) -> frozenset[bytes]:
         """The repository's own shallow commits (``$GIT_DIR/shallow``, one hex id a line),

@@ -54,6 +54,7 @@ class RepoConfig:
     advertise_sid: bool = False
     unborn: str = "advertise"
     ref_storage: str = "files"  # extensions.refStorage: files or reftable
+    http_upload_pack: bool = True  # http.uploadpack: false makes git-http-backend answer 403
 
 
 _TRUE = ("true", "yes", "on", "1")
@@ -88,6 +89,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
     default = True
     max_depth: int | None = None
     fmt, unborn, sid, storage = "sha1", "advertise", False, "files"
+    http_upload_pack = True
     for e in entries:
         what = ".".join(p for p in (e.section, e.subsection, e.key) if p is not None)
         if e.subsection is None and e.section in ("uploadpack", "transfer") \
@@ -110,6 +112,8 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         elif e.section == "extensions" and e.subsection is None and e.key == "objectformat" \
                 and e.value is not None:
             fmt = e.value.lower()
+        elif e.section == "http" and e.subsection is None and e.key == "uploadpack":
+            http_upload_pack = _bool(e.value, what)
         elif e.section == "extensions" and e.subsection is None and e.key == "refstorage" \
                 and e.value is not None:
             storage = e.value.lower()
@@ -133,6 +137,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         advertise_sid=sid,
         unborn=unborn,
         ref_storage=storage,
+        http_upload_pack=http_upload_pack,
     )
 
 
