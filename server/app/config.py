@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .namespaces import NamespaceMap, namespaces_setting
+
 __all__ = ["Config", "ConfigError", "load_config", "add_config_arguments", "parse_size"]
 
 
@@ -34,6 +36,12 @@ class Config:
         default=False,
         metadata={"help": "serve only repositories holding a git-daemon-export-ok file, as "
                           "git-http-backend does without GIT_HTTP_EXPORT_ALL (others: 404)"},
+    )
+    namespaces: str = field(
+        default="",
+        metadata={"help": "URLs that serve a namespace of a repository (GIT_NAMESPACE): "
+                          "URL=REPO#NAMESPACE entries joined by commas, or a [namespaces] "
+                          "table in the TOML file (README \"Namespaces\")"},
     )
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8080, metadata={"help": "TCP port to listen on"})
@@ -255,11 +263,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
+        if name == "namespaces":
+            text = namespaces_setting(value)
+            NamespaceMap.parse(text)
+            return text
         if value is not None and not isinstance(value, str):
             raise ValueError(value)  # TOML `host = 5`, `metrics_repos = ["a"]`
         return value
-    except (ValueError, TypeError, OverflowError):
-        raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        why = f": {exc}" if name == "namespaces" else ""
+        raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}{why}") from None
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -60,6 +60,7 @@ from .httpreq import (
 from .memory import HeapTrimmer
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, RequestRecord
+from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector, send_pack_cached
 from .pool import WorkPool
 from .stream import PktSection, PktWriter, cap_output
@@ -105,6 +106,7 @@ class ServerState:
     health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
     in_flight: int = 0  # git requests being served (the gauge, readable)
     admission: Admission | None = None  # slots for pack generation (admission.py)
+    namespaces: NamespaceMap = field(default_factory=NamespaceMap)  # --namespaces
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
 
     @classmethod
@@ -122,6 +124,7 @@ class ServerState:
             BodyLimits(cfg.max_body, cfg.max_inflated_body, cfg.body_timeout, cfg.body_min_rate),
         )
         state.metrics.open_files.source = state.registry
+        state.namespaces = NamespaceMap.parse(cfg.namespaces)
         if cfg.auth_file:
             state.access = load_access(cfg.auth_file)
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
@@ -147,10 +150,11 @@ class ServerState:
         """Blocking work, in the pool; it holds the request's leases while it runs."""
         return await asyncio.wrap_future(_Held(_REQUEST.get()).submit(self.pool, fn, *args))
 
-    def context(self, repo: Any, rec: RequestRecord) -> RequestContext:
+    def context(self, repo: Any, rec: RequestRecord, namespace: bytes = b"") -> RequestContext:
         rec.repo = repo.url_path
         ctx = RequestContext(repo, self.registry, self.cfg.agent.encode(), self.dirs,
-                             cold_walk_entries=self.cfg.cold_walk_pack_entries)
+                             cold_walk_entries=self.cfg.cold_walk_pack_entries,
+                             namespace=namespace)
         rec.context = ctx
         _REQUEST.set(ctx)  # this request's task: its pool work holds ctx (see _Held)
         return ctx
@@ -254,7 +258,7 @@ async def _resolve(state: ServerState, repo_path: str) -> Repo:
 
 
 async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str,
-                           rec: RequestRecord) -> web.StreamResponse:
+                           rec: RequestRecord, namespace: bytes = b"") -> web.StreamResponse:
     service = request.query.get("service")
     rec.command = "info-refs"
     if service == RECEIVE_PACK:
@@ -263,7 +267,7 @@ async def handle_info_refs(state: ServerState, request: web.Request, repo_path: 
     if service != UPLOAD_PACK:
         return text_response(403, "gitspout serves only the smart HTTP protocol (service=git-upload-pack)")
     rec.service = UPLOAD_PACK
-    ctx = state.context(await _resolve(state, repo_path), rec)
+    ctx = state.context(await _resolve(state, repo_path), rec, namespace)
     refusal = await _service_refusal(state, ctx)
     if refusal is not None:
         return refusal
@@ -297,13 +301,13 @@ def _capabilities_body(ctx: RequestContext) -> list[bytes]:
 
 
 async def handle_upload_pack(state: ServerState, request: web.Request, repo_path: str,
-                             rec: RequestRecord) -> web.StreamResponse:
+                             rec: RequestRecord, namespace: bytes = b"") -> web.StreamResponse:
     rec.service = UPLOAD_PACK
     rec.protocol = str(protocol_version(request))
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    ctx = state.context(await _resolve(state, repo_path), rec)
+    ctx = state.context(await _resolve(state, repo_path), rec, namespace)
     refusal = await _service_refusal(state, ctx)
     if refusal is not None:
         return refusal
@@ -593,16 +597,17 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
     repo_path, action = split_path(request.path)
     if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
         return text_response(404, "not found")
+    repo_path, namespace = state.namespaces.map(repo_path)
     try:
         if action == RECEIVE_PACK:
             rec.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
         if action == "info/refs" and request.method in ("GET", "HEAD"):
             await _authorize(state, request, repo_path)
-            return await handle_info_refs(state, request, repo_path, rec)
+            return await handle_info_refs(state, request, repo_path, rec, namespace)
         if action == UPLOAD_PACK and request.method == "POST":
             await _authorize(state, request, repo_path)
-            return await handle_upload_pack(state, request, repo_path, rec)
+            return await handle_upload_pack(state, request, repo_path, rec, namespace)
         if action:
             allow = "POST" if action == UPLOAD_PACK else "GET, HEAD"
             resp = text_response(405, f"method {request.method} not allowed here")

@@ -82,13 +82,14 @@ def v2_capabilities(ctx: RequestContext) -> Iterator[bytes]:
 def ls_refs(ctx: RequestContext, req: LsRefsRequest) -> Iterator[bytes]:
     unborn = req.unborn and ctx.config.unborn != "ignore"
     snap = ctx.refs_with_prefixes(req.prefixes)
-    head, refs = snap.visible(ctx.config.hide_refs)
+    head, refs = snap.visible(ctx.hide_refs)
     if req.prefixes and not ref_matches_prefixes(b"HEAD", req.prefixes):
         head = None
     if req.prefixes and snap.complete:
         refs = [r for r in refs if ref_matches_prefixes(r.name, req.prefixes)]
     # The snapshot holds only refs under the prefixes: no need to test them again.
-    return iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head, refs)
+    return iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn), head,
+                        [*_namespace_head(ctx, head, req.prefixes), *refs])
 
 def ls_refs_segmented(ctx: RequestContext, req: LsRefsRequest) -> Segmented:
     """ls-refs by segments of refs (with ref-prefix, the segments that hold refs under
@@ -97,14 +98,26 @@ def ls_refs_segmented(ctx: RequestContext, req: LsRefsRequest) -> Segmented:
     head = _visible_head(ctx, snap)
     unborn = req.unborn and ctx.config.unborn != "ignore"
     first = list(iter_ls_refs(LsRefsRequest(req.peel, req.symrefs, unborn, req.prefixes),
-                              head, ()))
+                              head, _namespace_head(ctx, head, req.prefixes)))
     plain = LsRefsRequest(req.peel, req.symrefs)
     return Segmented(snap, first, lambda refs: iter_ls_refs(plain, None, refs),
                      ("ls-refs", req.peel, req.symrefs), req.prefixes)
 
 
+def _namespace_head(ctx: RequestContext, head: HeadInfo | None,
+                    prefixes: Sequence[bytes]) -> list[Ref]:
+    """In a namespace, C git's ls-refs lists the namespace's HEAD a second time, as a ref:
+    it walks every ref under ``refs/namespaces/<ns>/`` + prefix, and that takes in
+    ``refs/namespaces/<ns>/HEAD`` (ls-refs.c, refs_for_each_fullref_in_prefixes). The v0
+    advertisement walks ``refs/namespaces/<ns>/refs/`` and does not."""
+    if not ctx.namespace or head is None or head.oid is None \
+            or not ref_matches_prefixes(b"HEAD", prefixes):
+        return []
+    return [Ref(b"HEAD", head.oid, None, head.target)]
+
+
 def _visible_head(ctx: RequestContext, snap: RefSnapshot) -> HeadInfo | None:
-    hide = ctx.config.hide_refs
+    hide = ctx.hide_refs
     return None if hide and ref_is_hidden(b"HEAD", list(hide)) else snap.head
 
 
@@ -229,7 +242,7 @@ def _from_segments(ctx: RequestContext, seg: Segmented, preamble: Sequence[bytes
                    trailer: Sequence[bytes] = ()) -> list[bytes]:
     """The body: preamble, first part, each segment's kept encoding (made when missing),
     flush; pieces are joined into chunks of at least 32 KiB (a segment is about that)."""
-    hide = tuple(ctx.config.hide_refs)
+    hide = tuple(ctx.hide_refs)
     encodings = ctx.repo.ref_cache.encodings
     ekey = (seg.key, hide)
     head = [encode_pkt(p) for p in preamble]

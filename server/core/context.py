@@ -22,6 +22,7 @@ from ..graph.commits import CommitSource
 from ..store.errors import StorageError
 from ..store.fscache import DirCache
 from ..store.fsops import FsOps
+from ..store.namespaces import namespaced
 from ..store.objformat import HASH_LEN
 from ..store.odb import ObjectSnapshot, PackRegistry
 from ..store.refcache import TIP_BYTES
@@ -82,6 +83,7 @@ class RequestContext:
     phases: dict[str, float] = field(default_factory=dict)
     # --cold-walk-pack-entries (packgen/packplan.py): 0 never walks to spare a reverse index
     cold_walk_entries: int = 16384
+    namespace: bytes = b""  # GIT_NAMESPACE the URL serves (app/namespaces.py); b"": none
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
@@ -180,8 +182,18 @@ class RequestContext:
     @property
     def refs(self) -> RefSnapshot:
         if self._refs is None:
-            self._refs = self._snapshot(())
+            snap = self._snapshot(())
+            if self.namespace:
+                snap = namespaced(snap, self.namespace, self.config.hide_refs,
+                                  self.repo.ref_cache if self.dirs.enabled else None)
+            self._refs = snap
         return self._refs
+
+    @property
+    def hide_refs(self) -> tuple[bytes, ...]:
+        """The hideRefs to apply to :attr:`refs`: none in a namespace, whose view holds
+        only visible refs already (a ``^`` pattern needs the full name)."""
+        return () if self.namespace else self.config.hide_refs
 
     def _snapshot(self, prefixes: tuple[bytes, ...]) -> RefSnapshot:
         """A snapshot of the refs under ``prefixes`` (all when empty), read for this
@@ -212,12 +224,12 @@ class RequestContext:
         """HEAD and the visible refs as Ref objects, made once per request (at 100k refs
         that is 0.1 s: the hot paths use :meth:`tips`, :meth:`visible_ref` instead)."""
         if self._visible is None:
-            self._visible = self.refs.visible(self.config.hide_refs)
+            self._visible = self.refs.visible(self.hide_refs)
         return self._visible
 
     def visible_ref(self, name: bytes) -> Ref | None:
         """The visible ref called ``name`` (``HEAD`` included), or None."""
-        hide = list(self.config.hide_refs)
+        hide = list(self.hide_refs)
         if name == b"HEAD":
             head = self.refs.head
             if head.oid is None or (hide and ref_is_hidden(b"HEAD", hide)):
@@ -229,7 +241,7 @@ class RequestContext:
 
     def visible_under(self, prefix: bytes) -> list[Ref]:
         """The visible refs whose names start with ``prefix``."""
-        hide = list(self.config.hide_refs)
+        hide = list(self.hide_refs)
         refs = self.refs.select((prefix,))
         return [r for r in refs if not ref_is_hidden(r.name, hide)] if hide else refs
 
@@ -242,7 +254,8 @@ class RequestContext:
         all of ``refs/`` (a mirror clone's) read every ref: that read is the one a fetch
         makes, and so may be shared with one (RefCache.shared_read). So do prefixes too
         large to be part of a cache key (:func:`small_prefixes`)."""
-        if not prefixes or self._refs is not None or any(b"refs/".startswith(p) for p in prefixes) \
+        if not prefixes or self._refs is not None or self.namespace \
+                or any(b"refs/".startswith(p) for p in prefixes) \
                 or not small_prefixes(prefixes):
             return self.refs
         key = tuple(prefixes)
@@ -266,7 +279,7 @@ class RequestContext:
         Ref values are hex (as read and advertised); this is where they become binary, once
         per request: the want check, the shallow check and object-info all ask."""
         if self._tips is None:
-            hide = self.config.hide_refs
+            hide = self.hide_refs
             snap = self.refs
             # Keyed by content: the segments (immutable, compared by identity) and HEAD,
             # so a racy listing that read the same refs again finds it too.

@@ -1,0 +1,135 @@
+"""A namespace of a repository served at a URL: C git's GIT_NAMESPACE under a web server.
+
+gitspout served the whole ref space at such URLs (git's t5551.25, t5559.25, t5702.69).
+Each answer is compared with C git's upload-pack run with ``GIT_NAMESPACE`` on the same
+repository: the refs (stripped of ``refs/namespaces/<ns>/``), HEAD and its symref, hidden
+refs; the real client's clone equals the clone over file:// through the same namespace;
+an object reachable only from outside the namespace is refused, in v0 and v2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gitspout.server.app.config import ConfigError, load_config
+from gitutil import Committer, Git, LiveServer, fsck, start_server
+from packutil import InBandError, pack_bytes
+from rawhttp import DELIM, FLUSH, get_info_refs, parse_pkts, pkt_lines, post_upload_pack
+
+MAP = "ns-repo.git=repo.git#ns,deep/=#a/b"
+
+
+@pytest.fixture(scope="module")
+def ns_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
+    root = tmp_path_factory.mktemp("nsroot")
+    work = tmp_path_factory.mktemp("nswork") / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work, start=1_690_000_000)
+    c.commit({"a.txt": "one\n"}, "one")
+    c.commit({"a.txt": "namespaced\n"}, "namespaced")
+    git.run("tag", "-a", "-m", "ns tag", "v1", cwd=work)
+    c.commit({"a.txt": "outside\n"}, "outside")
+    c.commit({"b.txt": "secret\n"}, "secret")
+    repo = root / "repo.git"
+    git.run("clone", "-q", "--bare", str(work), str(repo))
+    ns = "refs/namespaces/ns/"
+    for ref, rev in ((f"{ns}refs/heads/main", "main~2"), (f"{ns}refs/tags/v1", "v1"),
+                     (f"{ns}refs/heads/hidden", "main"), ("refs/heads/main", "main~1")):
+        git.run("update-ref", ref, rev, cwd=repo)
+    git.run("update-ref", "-d", "refs/tags/v1", cwd=repo)
+    git.run("symbolic-ref", f"{ns}HEAD", f"{ns}refs/heads/main", cwd=repo)
+    git.run("config", "uploadpack.hideRefs", "refs/heads/hidden", cwd=repo)
+    # A nested namespace a/b under a prefix URL.
+    git.run("clone", "-q", "--bare", str(work), str(root / "other.git"))
+    git.run("update-ref", "refs/namespaces/a/refs/namespaces/b/refs/heads/main", "main~3",
+            cwd=root / "other.git")
+    return root
+
+
+@pytest.fixture(scope="module")
+def ns_server(ns_root: Path) -> Iterator[LiveServer]:
+    srv = start_server(ns_root, ["--namespaces", MAP])
+    yield srv
+    srv.stop()
+
+
+def _c_git(git: Git, repo: Path, ns: str, body: bytes | None, version: int) -> bytes:
+    args = ["upload-pack", "--stateless-rpc"] + (["--advertise-refs"] if body is None else [])
+    env = {"GIT_NAMESPACE": ns}
+    if version == 2:
+        env["GIT_PROTOCOL"] = "version=2"
+    return git.run(*args, str(repo), input=body, env=env, check=False).stdout
+
+
+def _refs_and_symrefs(body: bytes) -> tuple[list[bytes], list[bytes]]:
+    lines = [p for p in parse_pkts(body) if p is not None and not p.startswith(b"# service")]
+    refs, symrefs = [], []
+    for line in lines:
+        line, _, caps = line.partition(b"\0")
+        symrefs += [c for c in caps.split() if c.startswith(b"symref=")]
+        refs.append(line.rstrip(b"\n"))
+    return refs, symrefs
+
+
+@pytest.mark.parametrize(("url", "repo", "ns"), [("ns-repo.git", "repo.git", "ns"),
+                                                 ("deep/other.git", "other.git", "a/b")])
+def test_advertisement_and_ls_refs_equal_c_git(git: Git, ns_server: LiveServer, ns_root: Path,
+                                               url: str, repo: str, ns: str) -> None:
+    resp = get_info_refs(ns_server.port, repo=url, version=0)
+    assert resp.status == 200
+    assert _refs_and_symrefs(resp.body) == _refs_and_symrefs(_c_git(git, ns_root / repo, ns, None, 0))
+    for args in ([], ["symrefs", "peel"], ["symrefs", "ref-prefix refs/heads/"]):
+        body = pkt_lines("command=ls-refs", "object-format=sha1") + DELIM + pkt_lines(*args) + FLUSH
+        ours = post_upload_pack(ns_server.port, body, repo=url, version=2)
+        assert ours.status == 200
+        assert ours.body == _c_git(git, ns_root / repo, ns, body, 2), args
+
+
+def test_clone_through_a_namespace_equals_file(git: Git, ns_server: LiveServer, ns_root: Path,
+                                               tmp_path: Path) -> None:
+    states = []
+    for name, url, extra in (
+            ("http", f"{ns_server.url}/ns-repo.git", []),
+            ("file", f"file://{ns_root / 'repo.git'}", ["--upload-pack",
+                                                         "GIT_NAMESPACE=ns git-upload-pack"])):
+        dest = tmp_path / name
+        git.run("clone", "-q", "--mirror", *extra, url, str(dest))
+        fsck(git, dest)
+        states.append((git.out("for-each-ref", cwd=dest), git.out("symbolic-ref", "HEAD", cwd=dest),
+                       git.out("log", "-1", "--format=%s", "main", cwd=dest)))
+    assert states[0] == states[1]
+    assert states[0][2].strip() == "namespaced"
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_objects_outside_the_namespace_are_refused(git: Git, ns_server: LiveServer,
+                                                   ns_root: Path, version: int) -> None:
+    repo = ns_root / "repo.git"
+    inside = git.out("rev-parse", "refs/namespaces/ns/refs/heads/main", cwd=repo).strip()
+    for outside in ("main", "refs/namespaces/ns/refs/heads/hidden"):
+        oid = git.out("rev-parse", outside, cwd=repo).strip()
+        if version == 2:
+            body = (pkt_lines("command=fetch", "object-format=sha1") + DELIM
+                    + pkt_lines(f"want {inside}", f"want {oid}", "done") + FLUSH)
+        else:
+            body = pkt_lines(f"want {inside} side-band-64k", f"want {oid}") + FLUSH + \
+                pkt_lines("done")
+        resp = post_upload_pack(ns_server.port, body, repo="ns-repo.git", version=version)
+        with pytest.raises(InBandError, match="not our ref"):
+            pack_bytes(resp.body)
+        if version == 0:  # C git's v0 refuses it too (its v2 checks nothing)
+            assert b"not our ref" in _c_git(git, repo, "ns", body, 0)
+
+
+def test_the_setting_in_each_form(tmp_path: Path) -> None:
+    toml = tmp_path / "g.toml"
+    toml.write_text(f'root = "{tmp_path}"\n[namespaces]\n'
+                    '"ns-repo.git" = { repo = "repo.git", namespace = "ns" }\n'
+                    '"deep/" = { repo = "", namespace = "a/b" }\n')
+    assert load_config({"config": str(toml)}, env={}).namespaces == MAP
+    assert load_config({"root": str(tmp_path)}, env={"GITSPOUT_NAMESPACES": MAP}).namespaces == MAP
+    for bad in ("x.git=repo.git", "x.git=repo.git#..", "x.git=../up.git#ns", "=repo.git#ns"):
+        with pytest.raises(ConfigError, match="namespaces"):
+            load_config({"root": str(tmp_path), "namespaces": bad}, env={})
