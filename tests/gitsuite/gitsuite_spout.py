@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from gitsuite_apache import NAMESPACES_ARG
+
 __all__ = ["SpoutKeeper", "SpoutError"]
 
 _SERVING = re.compile(r"serving .* at http://127\.0\.0\.1:(\d+)/")
@@ -77,7 +79,7 @@ class SpoutKeeper:
     def _start(self, www: str) -> int:
         cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", www,
                "--host", "127.0.0.1", "--port", "0", "--pack-cache-dir", str(self.cache_dir),
-               "--drain-timeout", "2", *self.extra_args]
+               "--drain-timeout", "2", *NAMESPACES_ARG, *self.extra_args]
         # Settings come from the command line only, never from the runner's environment.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
         self.cache_dir.mkdir(parents=True, exist_ok=True)
