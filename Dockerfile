@@ -3,7 +3,7 @@
 # (pyproject.toml), the same in docker-compose.yml and deploy/kubernetes/kustomization.yaml:
 #
 #   podman build --format docker -t gitspout:0.1.0 .      # or: docker build -t gitspout:0.1.0 .
-#   podman run --rm -p 127.0.0.1:8080:8080 --read-only --tmpfs /tmp \
+#   podman run --rm -p 127.0.0.1:8080:8080 --read-only --tmpfs /tmp --cap-drop ALL \
 #       -v /path/to/repos:/srv/git:ro -v gitspout-cache:/var/cache/gitspout gitspout:0.1.0
 #
 # Three stages, so that each change rebuilds only what it must:
