@@ -282,8 +282,11 @@ pass "pack cache on a tmpfs owned by 10001; --auth-file: refused without credent
 
 # -- 5. the compose stack -------------------------------------------------------------------
 t0=$SECONDS
-podman build -q --target prometheus -t "$PROM_IMAGE" -f "$HERE/standins.Containerfile" "$HERE" >/dev/null
-podman build -q --target git -t "$GIT_IMAGE" -f "$HERE/standins.Containerfile" "$HERE" >/dev/null
+for target in prometheus git; do
+  tag="$PROM_IMAGE"; [ "$target" = git ] && tag="$GIT_IMAGE"
+  podman build --target "$target" -t "$tag" -f "$HERE/standins.Containerfile" "$HERE" \
+    >> "$WORK/standins.log" 2>&1 || { tail -20 "$WORK/standins.log"; fail "building the $target stand-in"; }
+done
 say "stand-ins $PROM_IMAGE (Debian's prometheus $(podman run --rm "$PROM_IMAGE" --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p')) and $GIT_IMAGE (Debian's git): $((SECONDS - t0)) s"
 # The image again, by podman-compose's own build (cached layers), to see that it keeps the
 # HEALTHCHECK with BUILDAH_FORMAT=docker, as docs/container.md says.
