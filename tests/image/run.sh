@@ -14,7 +14,8 @@
 # 4. run: read-only root, uid 10001, all capabilities dropped, repositories mounted
 #    read-only, a named volume for the pack cache; clone, `git fsck`, refs equal to a
 #    file:// clone's, `podman healthcheck run`, SIGTERM drains and exits 0. Without the
-#    cache mount it refuses to start with a clear message.
+#    cache mount it refuses to start with a clear message. Then with the cache on a tmpfs
+#    and an auth file: refused without credentials, served with them.
 # 5. compose: podman-compose up (BUILDAH_FORMAT=docker, as documented) with stand-ins for
 #    prom/prometheus and alpine/git built from Debian's packages; Grafana has no Debian
 #    package and is left out (`up prometheus` starts the services it depends on only).
