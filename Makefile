@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: serve test test-tiny-budgets test-min-deps test-git-suite lint bench clean
+.PHONY: serve test test-tiny-budgets test-min-deps test-git-suite test-image lock lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,9 +67,36 @@ test-git-suite: $(STAMP)
 	@test -n "$(GIT_SRC)" || { echo "usage: make test-git-suite GIT_SRC=DIR [GITSUITE_ARGS=...]"; exit 2; }
 	$(BIN)/python tests/gitsuite/gitsuite_run.py --git-src "$(GIT_SRC)" $(GITSUITE_ARGS)
 
+# The image's lock files (Dockerfile): the runtime dependencies of pyproject.toml with the
+# auth extra, and the build tools, pinned with the hashes of every file of each release.
+# tests/deploy/test_image_files.py checks (offline, in `make test`) that they satisfy
+# pyproject.toml. Run after changing a dependency; needs PyPI.
+LOCK_VENV := .venv-lock
+UV_VERSION := 0.13.9
+LOCK_PY := 3.11
+
+$(LOCK_VENV)/.installed:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q 'uv==$(UV_VERSION)'
+	touch $@
+
+lock: $(LOCK_VENV)/.installed
+	$(LOCK_VENV)/bin/uv pip compile --quiet --system-certs --python-version $(LOCK_PY) \
+		--generate-hashes --extra auth --custom-compile-command 'make lock' \
+		-o requirements.lock pyproject.toml
+	$(PYTHON) -c 'import tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(LOCK_VENV)/bin/uv pip compile --quiet --system-certs --python-version $(LOCK_PY) \
+		--generate-hashes --custom-compile-command 'make lock' -o requirements-build.lock -
+
+# Builds the image with podman from a base bootstrapped from Debian packages, runs it and
+# the compose stack, and checks them (tests/image/run.sh; needs podman, podman-compose,
+# mmdebstrap, and Debian's and PyPI's registries). `.ci/run` runs it after `make test`.
+test-image:
+	bash tests/image/run.sh
+
 lint: $(STAMP) $(TYPECHECK)
 	$(BIN)/ruff check protocol server tests bench
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) .build
+	rm -rf $(VENV) $(MIN_VENV) $(LOCK_VENV) .build
