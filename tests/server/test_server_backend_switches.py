@@ -121,3 +121,11 @@ def test_require_export_ok(git: Git, sw_root: Path) -> None:
         git.run("ls-remote", f"{srv.url}/exported.git")
     finally:
         srv.stop()
+
+
+def test_refusals_have_git_http_backends_empty_body(git: Git, sw_server: LiveServer,
+                                                    sw_root: Path) -> None:
+    """git-http-backend's 403 has no body (its message goes to the server's log): git's
+    t5561.14 compares the access log's byte counts."""
+    resp = request(sw_server.port, "GET", "/closed.git/info/refs?service=git-upload-pack")
+    assert resp.status == 403 and resp.body == b""
