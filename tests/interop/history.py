@@ -34,12 +34,13 @@ WORDS = ("alpha beta gamma delta epsilon value index buffer result stream client
 
 @dataclass(frozen=True)
 class Spec:
-    """What to generate: ``commits`` on main, ``files`` text files, ``seed``."""
+    """What to generate: ``commits`` (at least 8) on main, ``files`` text files, ``seed``."""
 
     commits: int = 300
     files: int = 12
     seed: int = 23
     object_format: str = "sha1"
+    tag_every: int = 50  # an annotated tag v0.N every this many commits on main
 
 
 def _line(rng: random.Random) -> str:
@@ -118,7 +119,7 @@ def _stream(spec: Spec) -> tuple[bytes, list[int]]:
     feature: list[int] = []
     for n in range(1, spec.commits):
         files: dict[str, str | None] = {}
-        for path in rng.sample(sorted(tree), rng.randrange(1, 4)):
+        for path in rng.sample(sorted(tree), min(len(tree), rng.randrange(1, 4))):
             tree[path] = _edit(rng, tree[path])
             files[path] = "".join(tree[path])
         if n % 97 == 0:  # now and then a new file
@@ -131,8 +132,8 @@ def _stream(spec: Spec) -> tuple[bytes, list[int]]:
         main.append(st.commit("refs/heads/main", f"change {n}", parents, files))
         if n == spec.commits * 2 // 3:
             feature = _branch(st, rng, "refs/heads/feature", main[-1], dict(tree), 12)
-        if n % 50 == 0:
-            st.tag(f"v0.{n // 50}", main[-1], f"release 0.{n // 50}")
+        if n % spec.tag_every == 0:
+            st.tag(f"v0.{n // spec.tag_every}", main[-1], f"release 0.{n // spec.tag_every}")
     _branch(st, rng, "refs/heads/release", main[-6], {}, 3)
     for k in range(1, 5):  # tips one to four commits below main
         st.reset(f"refs/heads/b{k}", main[-1 - k])
@@ -171,7 +172,8 @@ def make_shape(git: Git, src: Path, dest: Path, shape: str) -> Path:
     """A copy of ``src`` laid out as ``shape`` (``gc``, ``nobitmap`` or ``pushed``)."""
     if shape in ("gc", "nobitmap"):
         shutil.copytree(src, dest, symlinks=True)
-        bitmap = ["-b"] if shape == "gc" else []
+        # A bare repository writes a bitmap unless told not to (repack.writeBitmaps).
+        bitmap = ["-b"] if shape == "gc" else ["--no-write-bitmap-index"]
         git.run("repack", "-adf", "--depth=50", "--window=250", *bitmap, cwd=dest)
         git.run("commit-graph", "write", "--reachable", cwd=dest)
         git.run("pack-refs", "--all", cwd=dest)
@@ -188,8 +190,8 @@ def _pushed(git: Git, src: Path, dest: Path) -> Path:
     git.run("config", "receive.unpackLimit", "100", cwd=dest)
     git.run("config", "gc.auto", "0", cwd=dest)
     main = git.out("rev-list", "--first-parent", "--reverse", "main", cwd=src).split()
-    steps = [main[len(main) // 3], main[2 * len(main) // 3], main[-4]]
-    for commit in steps:  # large pushes: kept as packs, completed with --fix-thin
+    steps = sorted({len(main) // 3, 2 * len(main) // 3, len(main) - 4})
+    for commit in (main[k] for k in steps):  # large pushes: kept as packs, completed with --fix-thin
         git.run("push", "-q", str(dest), f"{commit}:refs/heads/main", cwd=src)
     refs = git.out("for-each-ref", "--format=%(refname)", "refs/heads", "refs/tags", cwd=src).split()
     # The rest (three commits, branches, tags): a small push, unpacked as loose objects.

@@ -200,9 +200,11 @@ def object_ids(pack: Pack, external: CatFile | None = None) -> dict[int, str]:
 
 
 def index_with_git(git_dir: Path | None, pack: bytes, *, thin: bool = False,
-                   strict: bool = True, object_format: str = "sha1") -> dict[int, str]:
-    """``git index-pack`` (``--strict``; ``--fix-thin`` in ``git_dir``, whose object store
-    must hold a thin pack's bases): the id of the entry at each offset of ``pack``."""
+                   strict: bool = True, fsck_objects: bool = False,
+                   object_format: str = "sha1") -> dict[int, str]:
+    """``git index-pack`` (``--strict``: objects checked and every link present; else
+    ``--fsck-objects``: objects checked only; ``--fix-thin`` with ``git_dir``'s objects as
+    the thin pack's bases): the id of the entry at each offset of ``pack``."""
     with tempfile.TemporaryDirectory(prefix="interop-idx-") as tmp:
         repo = Path(tmp) / "r.git"
         subprocess.run(["git", "init", "-q", "--bare", f"--object-format={object_format}",
@@ -212,6 +214,8 @@ def index_with_git(git_dir: Path | None, pack: bytes, *, thin: bool = False,
         args = ["git", "-C", str(repo), "index-pack", "--stdin"]
         if strict:
             args.append("--strict")
+        elif fsck_objects:
+            args.append("--fsck-objects")
         if thin:
             args.append("--fix-thin")
         proc = subprocess.run(args, input=pack, capture_output=True, timeout=120)
