@@ -94,7 +94,9 @@ STORM_ARGS = {"blobless": ("--filter=blob:none",), "treeless": ("--filter=tree:0
               "depth1": ("--depth", "1", "--no-single-branch"), "full": ()}
 STORM_CASES = tuple(f"clone-{k}" for k in STORM_ARGS if k != "full") + tuple(
     f"x8-{k}" for k in STORM_ARGS)
-ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", *STORM_CASES, "fetch-1",
+# Issue 23 (bench/lazycases.py): lazy fetches after a blobless clone, and a deepen.
+LAZY_CASES = ("lazy-blob", "lazy-checkout", "blobless-checkout", "deepen-1-20")
+ALL_CASES = ("clone-v2", "clone-v0", "clone-x8", *STORM_CASES, *LAZY_CASES, "fetch-1",
              "fleet")  # execution order
 DEFAULT_CASES = ("clone-v2", "clone-v0", "clone-x8", "fetch-1")
 TINY_BUDGETS = ("--max-open-packs", "8", "--cache-memory", "8MiB")
@@ -510,6 +512,7 @@ class Sample:
     rss_after_bytes: int | None = None
     fleet_failures: int | None = None
     pack_cache: dict[str, float] = field(default_factory=dict)  # gitspout: counter deltas
+    objects: int | None = None  # objects the server sent, where the case counts them
 
     @property
     def ok(self) -> bool:
@@ -532,6 +535,7 @@ class Sample:
         return (f"    {tag:7} cpu {self.cpu_ns / 1e6:8.0f} ms  wall {self.wall_s:7.2f} s  "
                 f"bytes {human_bytes(self.bytes_down):>9}  peak rss {rss:>6} "
                 f"({self.peak_rss_process or '?'})  fsck {self.fsck}"
+                + (f"  objects {self.objects}" if self.objects is not None else "")
                 + ("" if self.settled else "  [server processes still running]")
                 + ("  cache " + " ".join(f"{k}={v:.0f}" for k, v in self.pack_cache.items()
                                          if "bytes" not in k and v)
@@ -937,6 +941,9 @@ class Row:
     a_peak_rss_mb: float | None
     ratios: dict[str, float | None] = field(default_factory=dict)
     cold_ratios: dict[str, float | None] = field(default_factory=dict)
+    a_objects: float | None = None  # objects sent (median), where the case counts them
+    b_objects: float | None = None
+    b_cold_objects: float | None = None
 
 
 def _ratio(b: float | None, a: float | None) -> float | None:
@@ -985,6 +992,10 @@ class Bench:
                     self.run_case(variant, case)
                 elif case_name in STORM_CASES:
                     self.run_case(variant, StormCase(self, repo, served, case_name))
+                elif case_name in LAZY_CASES:
+                    from bench.lazycases import make_case  # it imports this module
+
+                    self.run_case(variant, make_case(case_name, self, repo, served))
             if "fetch-1" in self.cases:
                 self.run_case(variant, self.fetch_case(repo, served))
         if "fleet" in self.cases:
@@ -1088,6 +1099,8 @@ class Bench:
         if s.error is None:
             try:
                 s.fsck = case.verify(side, state, check)
+                if hasattr(case, "objects_sent"):  # bench/lazycases.py
+                    s.objects = case.objects_sent(state)
             except errors as e:
                 s.fsck = "FAILED"
                 s.error = f"verification failed: {type(e).__name__}: {e}"
@@ -1130,12 +1143,17 @@ def summarise(samples: list[Sample]) -> list[Row]:
             _median([s.cpu_ns / 1e6 for s in colds]), _median([s.wall_s for s in colds]),
             _median([s.bytes_down for s in colds]),
             max(b_rss) / MB if b_rss else None, max(a_rss) / MB if a_rss else None)
+        row.a_objects = _median([s.objects for s in a if s.objects is not None])
+        row.b_objects = _median([s.objects for s in b if s.objects is not None])
+        row.b_cold_objects = _median([s.objects for s in colds if s.objects is not None])
         row.ratios = {"cpu": _ratio(row.b_cpu_ms, row.a_cpu_ms),
                       "wall": _ratio(row.b_wall_s, row.a_wall_s),
-                      "bytes": _ratio(row.b_bytes, row.a_bytes)}
+                      "bytes": _ratio(row.b_bytes, row.a_bytes),
+                      "objects": _ratio(row.b_objects, row.a_objects)}
         row.cold_ratios = {"cpu": _ratio(row.b_cold_cpu_ms, row.a_cpu_ms),
                            "wall": _ratio(row.b_cold_wall_s, row.a_wall_s),
-                           "bytes": _ratio(row.b_cold_bytes, row.a_bytes)}
+                           "bytes": _ratio(row.b_cold_bytes, row.a_bytes),
+                           "objects": _ratio(row.b_cold_objects, row.a_objects)}
         rows.append(row)
     return rows
 
@@ -1251,6 +1269,10 @@ def targets(rows: list[Row], root_sets: list[str]) -> list[Target]:
                pick(None, tuple(c for c in STORM_CASES if c.startswith("x8-")), "wall")),
         Target("8 identical blobless clones: gitspout CPU / its CPU for one", 1.5,
                _eight_vs_one(rows, "blobless")),
+        Target("one lazy blob fetch wall", 1.0, pick(None, ("lazy-blob",), "wall")),
+        Target("blobless clone plus checkout wall", 1.0,
+               pick(None, ("blobless-checkout",), "wall")),
+        Target("deepen 1->20 objects sent", 1.0, pick(None, ("deepen-1-20",), "objects")),
     ]
     if "git" in root_sets:
         rss: list[tuple[str, float | None, float | None]] = [
@@ -1572,6 +1594,14 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
                        str(s.fds_after), f"{(s.rss_before_bytes or 0) / MB:.0f}",
                        f"{(s.rss_after_bytes or 0) / MB:.0f}", str(s.fleet_failures)]
                       for s in fleet]))
+    counted = [r for r in rows if r.a_objects is not None or r.b_objects is not None]
+    if counted:
+        print("\n--- objects sent (medians; from the packs each run received) ---")
+        print(_table(["repo variant case", "A objects", "B objects", "objects ratio",
+                      "B cold objects"],
+                     [[f"{r.repo} {r.variant} {r.case}", _f(r.a_objects, ".0f"),
+                       _f(r.b_objects, ".0f"), _x(r.ratios.get("objects")),
+                       _f(r.b_cold_objects, ".0f")] for r in counted]))
     print("\n--- gitspout cold (first request after restart) vs. git-http-backend median ---")
     print(cold_table(rows))
     print("\n--- targets: verdict on the medians (warm for B); [cold: verdict] and (cold x) "
