@@ -156,20 +156,22 @@ def ls_refs_body() -> bytes:
 
 @dataclass
 class HttpResult:
-    """One HTTP exchange as the client saw it."""
+    """One HTTP exchange as the client saw it (``body`` only when asked to keep it)."""
 
     status: int
     body_bytes: int
     wall_s: float
+    body: bytes | None = None
 
 
 def http_request(port: int, kind: str, repo: str, timeout: float = 120.0,
-                 conn: http.client.HTTPConnection | None = None) -> HttpResult:
+                 conn: http.client.HTTPConnection | None = None,
+                 keep_body: bool = False) -> HttpResult:
     """*kind* ``advert-v0`` (GET info/refs), ``advert-v2``, ``ls-refs`` (v2 POST, with
     the ref-prefixes of ``git clone``) or ``ls-refs-all`` (v2 POST, no prefix).
 
-    The body is read completely; its length is returned.  With *conn* the
-    request reuses that keep-alive connection."""
+    The body is read completely; its length is returned (and the body itself with
+    *keep_body*).  With *conn* the request reuses that keep-alive connection."""
     path, method, body = f"/{repo}/info/refs?service=git-upload-pack", "GET", None
     headers = {"User-Agent": "git/2.39.5", "Accept": "*/*", "Pragma": "no-cache"}
     if kind in ("advert-v2", "ls-refs", "ls-refs-all"):
@@ -185,10 +187,13 @@ def http_request(port: int, kind: str, repo: str, timeout: float = 120.0,
         t0 = time.perf_counter()
         c.request(method, path, body=body, headers=headers)
         resp = c.getresponse()
-        n = 0
+        n, kept = 0, []
         while chunk := resp.read(1 << 20):
             n += len(chunk)
-        return HttpResult(resp.status, n, time.perf_counter() - t0)
+            if keep_body:
+                kept.append(chunk)
+        return HttpResult(resp.status, n, time.perf_counter() - t0,
+                          b"".join(kept) if keep_body else None)
     finally:
         if own:
             c.close()
@@ -431,8 +436,9 @@ def history_stream(commits: int, start: int, parent: str | None, tag: str,
     return b"".join(out)
 
 
-def _fast_import(git_dir: Path, stream: bytes) -> None:
-    run_git(["--git-dir", str(git_dir), "fast-import", "--quiet"], input=stream, timeout=600)
+def _fast_import(git_dir: Path, stream: bytes, env: dict[str, str] | None = None) -> None:
+    run_git(["--git-dir", str(git_dir), "fast-import", "--quiet"], input=stream, timeout=600,
+            env=env)
 
 
 def _write_many_refs(repo: Path, count: int) -> None:
@@ -454,16 +460,24 @@ def _write_many_refs(repo: Path, count: int) -> None:
                       + "".join(line for _, group in entries for line in group))
 
 
+def start_fixture(fx: Fixture, stamp: Path, force: bool) -> bool:
+    """False when the fixture *stamp* marks as built can be reused; else an empty
+    ``fx.root`` is made for building it (and True returned)."""
+    if stamp.exists() and not force:
+        return False
+    if fx.work.exists():
+        shutil.rmtree(fx.work)
+    fx.root.mkdir(parents=True)
+    return True
+
+
 def build_fixture(work: Path = WORK, unknowns: Sequence[int] = (300, 10_000),
                   refs: int = 100_000, force: bool = False) -> Fixture:
     """Build (or reuse) the fixture under *work*; see the module docstring."""
     fx = Fixture(work, sorted(set(unknowns)), refs=refs)
     stamp = work / f".built-{'-'.join(map(str, fx.unknowns))}-{refs}"
-    if stamp.exists() and not force:
+    if not start_fixture(fx, stamp, force):
         return fx
-    if work.exists():
-        shutil.rmtree(work)
-    fx.root.mkdir(parents=True)
     base = fx.root / fx.repo
     run_git(["init", "-q", "--bare", "-b", "main", str(base)])
     _fast_import(base, history_stream(BASE_COMMITS, BASE_DATE, None, "base"))
@@ -640,35 +654,50 @@ STATES = ("warm", "cold", "packed", "racy")
 ALL_STATES = (*STATES, "fresh")  # fresh: only when asked for (it restarts gitspout)
 STATE_LABEL = {"warm": "warm (repeat)", "cold": "cold (a ref changed)",
                "packed": "packed-refs rewritten", "racy": "a change every 0.5 s",
-               "fresh": "first request after a restart"}
+               "fresh": "first request after a restart",
+               # reftable stacks (bench.rtchurn)
+               "appended": "a table appended", "compacted": "stack compacted"}
 RACY_PERIOD = 0.5
+BUMP_REF = "refs/heads/zz-bench-bump"
 
 
 class RefBumper:
-    """Changes the ref state of the 100k-ref repository before a "cold" request: a
+    """Changes the ref state of the many-ref repository before a "cold" request: a
     loose ``refs/heads/zz-bench-bump`` alternates between two commits, so no
     cross-request cache can answer (the same is done before git-http-backend's
-    requests)."""
+    requests). *env* is the environment of the ``git`` that makes the changes."""
 
-    def __init__(self, repo: Path) -> None:
+    def __init__(self, repo: Path, env: dict[str, str] | None = None) -> None:
         self.repo = repo
-        self.commits = git_out(["--git-dir", str(repo), "rev-list", "-2", "main"]).split()
+        self.env = env
+        self.commits = git_out(["--git-dir", str(repo), "rev-list", "-2", "main"],
+                               env=env).split()
         self.n = 0
+
+    def git(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """``git --git-dir REPO ARGS`` with this bumper's git."""
+        run_git(["--git-dir", str(self.repo), *args], env=env or self.env, timeout=1800)
 
     def remove(self) -> None:
         """Delete the bump ref (the fixture's refs as built)."""
-        run_git(["--git-dir", str(self.repo), "update-ref", "-d", "refs/heads/zz-bench-bump"])
+        self.git("update-ref", "-d", BUMP_REF)
 
-    def __call__(self) -> None:
+    def __call__(self, env: dict[str, str] | None = None) -> None:
         self.n += 1
-        run_git(["--git-dir", str(self.repo), "update-ref", "refs/heads/zz-bench-bump",
-                 self.commits[self.n % 2]])
+        self.git("update-ref", BUMP_REF, self.commits[self.n % 2], env=env)
 
     def repack(self) -> None:
         """The bump ref moved, then ``git pack-refs --all``: packed-refs is rewritten
         (one line differs) and no loose ref is left."""
         self()
-        run_git(["--git-dir", str(self.repo), "pack-refs", "--all"])
+        self.git("pack-refs", "--all")
+
+    def change(self, state: str) -> None:
+        """The change made between the warm-up and the measured request in *state*."""
+        if state == "cold":
+            self()
+        elif state == "packed":
+            self.repack()
 
     @contextlib.contextmanager
     def every(self, period: float) -> Iterator[None]:
@@ -689,25 +718,25 @@ class RefBumper:
             t.join()
 
 
-def _prepare(srv: BenchServer, kind: str, fx: Fixture, state: str,
-             bump: RefBumper) -> set[int]:
-    """Warm-up request, then (cold, packed) change the refs; returns the idle pid set.
-    (racy: the refs change every 0.5 s in the background, see :meth:`RefBumper.every`;
-    fresh: no warm-up, gitspout is restarted, so its first request for the repository
-    parses packed-refs and encodes every ref: git-http-backend always does.)"""
-    if state == "fresh":
-        if srv.name == "gitspout":
+def _prepare(servers: dict[str, BenchServer], kind: str, fx: Fixture, state: str,
+             bump: RefBumper) -> dict[str, set[int]]:
+    """Warm-up request on every server, then one change of the refs (``bump.change``:
+    cold, packed), so that every server answers the same refs; returns each server's
+    idle pid set. (racy: the refs change every 0.5 s in the background, see
+    :meth:`RefBumper.every`; fresh: no warm-up, gitspout is restarted, so its first
+    request for the repository parses every ref: git-http-backend always does.)"""
+    idle: dict[str, set[int]] = {}
+    for name, srv in servers.items():
+        if state == "fresh" and name == "gitspout":
             srv.stop()
             srv.start()
-    else:
-        http_request(srv.port, kind, fx.manyrefs)
-    if state == "cold":
-        bump()
-    elif state == "packed":
-        bump.repack()
-    baseline = set(srv.pids())
-    settle(srv, baseline)
-    return baseline
+        idle[name] = set(srv.pids())
+        if state != "fresh":
+            http_request(srv.port, kind, fx.manyrefs)
+    bump.change(state)
+    for name, srv in servers.items():
+        settle(srv, idle[name])
+    return idle
 
 
 def measure_writes(servers: dict[str, BenchServer], fx: Fixture,
@@ -717,16 +746,44 @@ def measure_writes(servers: dict[str, BenchServer], fx: Fixture,
     bump.remove()
     for state in ("warm", "cold"):
         for kind, _label in BIG_REQUESTS:
+            idle = _prepare(servers, kind, fx, state, bump)
             for name, srv in servers.items():
-                baseline = _prepare(srv, kind, fx, state, bump)
                 with Strace(srv.pids(), WRITE_SYSCALLS, scratch, detail=True) as st:
                     res = http_request(srv.port, kind, fx.manyrefs)
-                    settle(srv, baseline)
+                    settle(srv, idle[name])
                 if res.status != 200:
                     raise RuntimeError(f"{name} {kind}: HTTP {res.status}")
                 rows.append(WriteRow(name, kind, res.body_bytes, st.counts, st.by_fd, state))
     bump.remove()
     return rows
+
+
+def answer_refs(body: bytes) -> bytes:
+    """An advertisement or ls-refs answer with the capabilities cut from its first ref
+    line (they name the server's agent); the rest as sent. Two servers agree on the refs
+    exactly when these are equal (both send refs in name order, as git does)."""
+    pos = 0
+    while pos + 4 <= len(body):
+        n = int(body[pos:pos + 4], 16)
+        if n < 4:
+            pos += 4
+            continue
+        line = body[pos + 4:pos + n]
+        if b"\0" in line:
+            return body[:pos] + line.split(b"\0", 1)[0] + b"\n" + body[pos + n:]
+        if not line.startswith(b"# service="):
+            return body
+        pos += n
+    return body
+
+
+def first_difference(a: bytes, b: bytes) -> str:
+    """Where two :func:`answer_refs` differ, for the report."""
+    la, lb = a.split(b"\n"), b.split(b"\n")
+    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+        if x != y:
+            return f"line {i}: {x[:120]!r} != {y[:120]!r}"
+    return f"{len(la)} lines != {len(lb)} lines"
 
 
 @dataclass
@@ -736,36 +793,68 @@ class CpuRow:
     wall_ms: dict[str, float]
     body_bytes: dict[str, int]
     state: str = "warm"
+    #: answers compared between the servers, and what differed
+    compared: int = 0
+    differ: list[str] = field(default_factory=list)
 
 
 def measure_cpu(servers: dict[str, BenchServer], fx: Fixture, rounds: int,
-                states: Sequence[str] = STATES) -> list[CpuRow]:
+                states: Sequence[str] = STATES, bump: RefBumper | None = None) -> list[CpuRow]:
     """Median CPU per request, rounds alternating the servers, in each of ``states``:
     warm, cold (a loose ref moved), packed (packed-refs rewritten), racy (a ref moves
-    every 0.5 s while the rounds run)."""
-    rows: list[CpuRow] = []
-    bump = RefBumper(fx.root / fx.manyrefs)
+    every 0.5 s while the rounds run), fresh (gitspout restarted); *bump* makes the
+    changes (default: :class:`RefBumper` on the fixture's many-ref repository)."""
+    bump = bump or RefBumper(fx.root / fx.manyrefs)
     bump.remove()
-    for state in states:
-        for kind, _label in BIG_REQUESTS:
-            cpu: dict[str, list[float]] = {k: [] for k in servers}
-            wall: dict[str, list[float]] = {k: [] for k in servers}
-            size: dict[str, int] = {}
-            racy = bump.every(RACY_PERIOD) if state == "racy" else contextlib.nullcontext()
-            with racy:
-                for _ in range(rounds):
-                    for name, srv in servers.items():
-                        baseline = _prepare(srv, kind, fx, state, bump)
-                        srv.reset_counters()
-                        res = http_request(srv.port, kind, fx.manyrefs)
-                        settle(srv, baseline)
-                        cpu[name].append(srv.cpu_ns() / 1e6)
-                        wall[name].append(res.wall_s * 1e3)
-                        size[name] = res.body_bytes
-            rows.append(CpuRow(kind, {k: median(v) for k, v in cpu.items()},
-                               {k: median(v) for k, v in wall.items()}, size, state))
+    rows = [_cpu_row(servers, fx, rounds, state, kind, bump)
+            for state in states for kind, _label in BIG_REQUESTS]
     bump.remove()
     return rows
+
+
+def _cpu_row(servers: dict[str, BenchServer], fx: Fixture, rounds: int, state: str,
+             kind: str, bump: RefBumper) -> CpuRow:
+    """One request kind in one state; the servers' answers are compared in every round
+    (racy: once, after the changes stopped)."""
+    cpu: dict[str, list[float]] = {k: [] for k in servers}
+    wall: dict[str, list[float]] = {k: [] for k in servers}
+    row = CpuRow(kind, {}, {}, {}, state)
+    racy = bump.every(RACY_PERIOD) if state == "racy" else contextlib.nullcontext()
+    with racy:
+        for _ in range(rounds):
+            idle = _prepare(servers, kind, fx, state, bump)
+            answers: dict[str, bytes] = {}
+            for name, srv in servers.items():
+                srv.reset_counters()
+                res = http_request(srv.port, kind, fx.manyrefs, keep_body=True)
+                settle(srv, idle[name])
+                cpu[name].append(srv.cpu_ns() / 1e6)
+                wall[name].append(res.wall_s * 1e3)
+                if res.status != 200:
+                    raise RuntimeError(f"{name} {kind} {state}: HTTP {res.status}")
+                row.body_bytes[name] = res.body_bytes
+                answers[name] = answer_refs(res.body or b"")
+            if state != "racy":
+                _compare(row, answers)
+    if state == "racy":
+        _compare(row, {name: answer_refs(http_request(srv.port, kind, fx.manyrefs,
+                                                      keep_body=True).body or b"")
+                       for name, srv in servers.items()})
+    row.cpu_ms = {k: median(v) for k, v in cpu.items()}
+    row.wall_ms = {k: median(v) for k, v in wall.items()}
+    return row
+
+
+def _compare(row: CpuRow, answers: dict[str, bytes]) -> None:
+    """Count one comparison of the servers' answers; note the first difference."""
+    if len(answers) < 2:
+        return
+    row.compared += 1
+    (na, a), *others = answers.items()
+    for nb, b in others:
+        if a != b:
+            row.differ.append(f"{SERVER_LABEL[na]} vs {SERVER_LABEL[nb]}: "
+                              + first_difference(a, b))
 
 
 # ---------------------------------------------------------------------------
@@ -918,7 +1007,7 @@ def cpu_table(rows: list[CpuRow], servers: Sequence[str]) -> str:
               *(f"{SERVER_LABEL[s]} wall ms" for s in servers)]
     both = "gitspout" in servers and "c-git" in servers
     if both:
-        header += ["cpu ratio", "<= 0.5x"]
+        header += ["cpu ratio", "<= 0.5x", "same refs"]
     body = []
     for r in rows:
         cells = [dict(BIG_REQUESTS)[r.kind], STATE_LABEL[r.state],
@@ -926,9 +1015,13 @@ def cpu_table(rows: list[CpuRow], servers: Sequence[str]) -> str:
                  *(f"{r.wall_ms[s]:.1f}" for s in servers)]
         if both:
             ratio = r.cpu_ms["gitspout"] / r.cpu_ms["c-git"]
-            cells += [f"{ratio:.2f}x", "yes" if ratio <= 0.5 else "NO"]
+            same = r.compared - len(r.differ)
+            cells += [f"{ratio:.2f}x", "yes" if ratio <= 0.5 else "NO",
+                      f"{same}/{r.compared}" + ("" if same == r.compared else " NO")]
         body.append(cells)
-    return table(header, body)
+    differ = [f"{STATE_LABEL[r.state]}, {dict(BIG_REQUESTS)[r.kind]}: {d}"
+              for r in rows for d in r.differ]
+    return table(header, body) + "".join(f"\nANSWERS DIFFER: {d}" for d in differ)
 
 
 # ---------------------------------------------------------------------------
@@ -936,15 +1029,16 @@ def cpu_table(rows: list[CpuRow], servers: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def started(kinds: Sequence[str], root: Path,
-            gitspout_env: dict[str, str]) -> Iterator[dict[str, BenchServer]]:
+def started(kinds: Sequence[str], root: Path, gitspout_env: dict[str, str],
+            c_git: dict[str, object] | None = None) -> Iterator[dict[str, BenchServer]]:
+    """The servers *kinds* on *root* (*c_git*: keyword arguments of GitHttpBackend)."""
     servers: dict[str, BenchServer] = {}
     try:
         for k in kinds:
             if k == "gitspout":
                 srv = make_server(k, root, probe_repo="base.git", env=gitspout_env)
             else:
-                srv = make_server(k, root, probe_repo="base.git")
+                srv = make_server(k, root, probe_repo="base.git", **(c_git or {}))
             servers[k] = srv.start()
         yield servers
     finally:

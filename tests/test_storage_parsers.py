@@ -72,3 +72,39 @@ def test_packed_refs_as_git_writes_them_parse() -> None:
     assert [(r.name, r.oid, r.peeled) for r in refs] == [
         (b"refs/heads/a", OID.encode(), None), (b"refs/tags/t", b"b" * 40, b"c" * 40)]
     assert _refs(P.parse_packed_refs(b"", 40, lambda _oid: None)) == []
+
+
+def _blocks_table() -> bytes:
+    """The ``blocks`` table of tests/fixtures/reftable (git 2.55: 300 refs, 256-byte
+    blocks, peeled tags and symrefs)."""
+    import json
+    from pathlib import Path
+
+    answers = Path(__file__).resolve().parent / "fixtures" / "reftable" / "answers.json"
+    tables = json.loads(answers.read_text())["cases"]["blocks"]["states"]["0"]["tables"]
+    (name,) = bytes.fromhex(tables["tables.list"]).decode().split()
+    return bytes.fromhex(tables[name])
+
+
+@pytest.mark.parametrize("change", [0x80, 0x07, 0xFF])
+def test_damaged_reftable_blocks_are_refused_or_read(change: int) -> None:
+    """Bytes of a table's ref blocks damaged one at a time (blocks have no checksum; every
+    fifth byte: each field of a record is hit somewhere), xored with *change* (0x80: a
+    varint's continuation bit; 0x07: a value type): the parse raises a storage error or
+    gives refs whose every line is an entry; nothing else escapes."""
+    from gitspout.server.store.reftable import parse_table
+
+    good = _blocks_table()
+    outcomes = {"refused": 0, "read": 0}
+    for pos in range(24, len(good) - 68, 5):  # between the header and the footer
+        data = bytearray(good)
+        data[pos] ^= change
+        try:
+            table = parse_table(bytes(data), 20)
+            for seg in table.packed.segments:
+                seg.refs()
+        except StorageError:
+            outcomes["refused"] += 1
+        else:
+            outcomes["read"] += 1
+    assert outcomes["refused"] > 100 and outcomes["read"] > 100, outcomes

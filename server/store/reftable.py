@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import struct
 import zlib
+from binascii import hexlify
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gitspout.protocol.refs import HeadInfo, Ref
 
 from .errors import StorageError
-from .packedrefs import PackedRefs, Peeler, RefSegment, cut_segments
+from .packedrefs import SEGMENT_BYTES, PackedRefs, Peeler, RefSegment, cut_segments
 
 __all__ = ["ReftableError", "Table", "parse_table", "merge_stack", "REFTABLE_NOTICE"]
 
@@ -103,47 +104,90 @@ def _footer(data: bytes, version: int, hash_len: int) -> tuple[int, int]:
     return end, int.from_bytes(data[5:8], "big")
 
 
-def _records(data: bytes, pos: int, stop: int, hash_len: int, out: list[Record]) -> None:
-    """The ref records of one block, ``data[pos:stop]`` (before its restart table)."""
-    name = b""
+def _block(data: bytes, pos: int, stop: int, hash_len: int, name: bytes,
+           out: bytearray, special: list[Record]) -> bytes:
+    """The ref records of one block, ``data[pos:stop]`` (before its restart table): plain
+    refs under ``refs/`` appended to *out* as packed-refs lines, every other record to
+    *special*. *name* is the record before (names must ascend); returns the last one.
+
+    One loop step per record, so the step is kept short (a 1M-ref table is 1M steps):
+    one-byte varints, the usual case, are read inline, and a plain ref goes straight
+    to its line, with no record object in between."""
     while pos < stop:
-        prefix, pos = _varint(data, pos)
-        packed_len, pos = _varint(data, pos)
-        suffix, kind = packed_len >> 3, packed_len & 7
-        if prefix > len(name) or pos + suffix > stop:
-            raise ReftableError("reftable: bad record name")
-        name = name[:prefix] + data[pos:pos + suffix]
-        pos += suffix
-        _, pos = _varint(data, pos)  # update_index_delta
-        if kind == _DELETION:
-            rec = Record(name, kind)
-        elif kind == _ONE:
-            rec = Record(name, kind, data[pos:pos + hash_len].hex().encode())
-            pos += hash_len
-        elif kind == _PEELED:
-            rec = Record(name, kind, data[pos:pos + hash_len].hex().encode(),
-                         data[pos + hash_len:pos + 2 * hash_len].hex().encode())
-            pos += 2 * hash_len
-        elif kind == _SYMREF:
-            length, pos = _varint(data, pos)
-            rec = Record(name, kind, data[pos:pos + length])
-            pos += length
+        prefix = data[pos]
+        if prefix & 0x80:
+            prefix, pos = _varint(data, pos)
         else:
-            raise ReftableError(f"reftable: unknown value type {kind}")
+            pos += 1
+        packed_len = data[pos]
+        if packed_len & 0x80:
+            packed_len, pos = _varint(data, pos)
+        else:
+            pos += 1
+        end = pos + (packed_len >> 3)
+        if prefix > len(name) or end > stop:
+            raise ReftableError("reftable: bad record name")
+        new = name[:prefix] + data[pos:end]
+        if new <= name:
+            raise ReftableError("reftable: records out of order")
+        name = new
+        if data[end] & 0x80:  # update_index_delta
+            _, pos = _varint(data, end)
+        else:
+            pos = end + 1
+        kind = packed_len & 7
+        if kind == _ONE and name.startswith(b"refs/"):
+            out += hexlify(data[pos:pos + hash_len])
+            out += b" "
+            out += name
+            out += b"\n"
+            pos += hash_len
+        else:
+            pos = _other(data, pos, kind, name, hash_len, out, special)
         if pos > stop:
             raise ReftableError("reftable: record runs past its block")
-        if out and name <= out[-1].name:
-            raise ReftableError("reftable: records out of order")
-        out.append(rec)
+    return name
 
 
-def _ref_records(data: bytes, hash_len: int) -> list[Record]:
-    """Every ref record of a table, in name order."""
+def _other(data: bytes, pos: int, kind: int, name: bytes, hash_len: int, out: bytearray,
+           special: list[Record]) -> int:
+    """A record that is no plain ``refs/`` ref (see :func:`_block`); the position after
+    its value."""
+    if kind == _DELETION:
+        rec = Record(name, kind)
+    elif kind == _ONE:
+        rec = Record(name, kind, hexlify(data[pos:pos + hash_len]))
+        pos += hash_len
+    elif kind == _PEELED:
+        oid = hexlify(data[pos:pos + hash_len])
+        peeled = hexlify(data[pos + hash_len:pos + 2 * hash_len])
+        pos += 2 * hash_len
+        if name.startswith(b"refs/"):
+            out += b"%s %s\n^%s\n" % (oid, name, peeled)
+            return pos
+        rec = Record(name, kind, oid, peeled)
+    elif kind == _SYMREF:
+        length, pos = _varint(data, pos)
+        rec = Record(name, kind, data[pos:pos + length])
+        pos += length
+    else:
+        raise ReftableError(f"reftable: unknown value type {kind}")
+    special.append(rec)
+    return pos
+
+
+def _read_refs(data: bytes, hash_len: int) -> tuple[list[RefSegment], list[Record]]:
+    """Every ref record of a table, in name order: the plain ``refs/`` ones as packed-refs
+    segments (cut as the blocks are read, so that the table's lines are never held whole
+    beside their segments), the others as records."""
     if data[:4] != b"REFT" or len(data) < 8 or data[4] not in _HEADER:
         raise ReftableError("reftable: not a reftable file (bad magic or version)")
     version = data[4]
     end, block_size = _footer(data, version, hash_len)
-    out: list[Record] = []
+    segments: list[RefSegment] = []
+    special: list[Record] = []
+    out = bytearray()
+    name = b""
     start, pos = 0, _HEADER[version]  # the first block holds the file header
     try:
         while pos < end and data[pos] == ord("r"):
@@ -152,7 +196,10 @@ def _ref_records(data: bytes, hash_len: int) -> list[Record]:
             restarts = block_end - 2 - 3 * count
             if block_end > end or count == 0 or restarts < pos + 4:
                 raise ReftableError("reftable: bad ref block")
-            _records(data, pos + 4, restarts, hash_len, out)
+            name = _block(data, pos + 4, restarts, hash_len, name, out, special)
+            if len(out) >= SEGMENT_BYTES:
+                segments.extend(cut_segments(bytes(out), 2 * hash_len))
+                out.clear()
             # Aligned blocks are padded with NULs up to the block size; a writer may leave
             # the padding out, and then the next block starts at once (reftable/block.c).
             padded = block_size and block_end < start + block_size and \
@@ -160,25 +207,18 @@ def _ref_records(data: bytes, hash_len: int) -> list[Record]:
             start = pos = start + block_size if padded else block_end
     except IndexError:
         raise ReftableError("reftable: truncated block") from None
-    return out
+    if out:
+        segments.extend(cut_segments(bytes(out), 2 * hash_len))
+    return segments, special
 
 
 def parse_table(data: bytes, hash_len: int) -> Table:
     """One table file's refs (raises :class:`ReftableError` on anything git would not
     have written)."""
-    records = _ref_records(data, hash_len)
-    plain: list[bytes] = []
-    special: list[Record] = []
-    for rec in records:
-        if rec.kind in (_ONE, _PEELED) and rec.name.startswith(b"refs/"):
-            plain.append(rec.value + b" " + rec.name + b"\n")
-            if rec.peeled is not None:
-                plain.append(b"^" + rec.peeled + b"\n")
-        else:
-            special.append(rec)
-    raw = b"".join(plain)
-    packed = PackedRefs(b"", True, cut_segments(raw, 2 * hash_len), diffable=False)
-    return Table(packed, tuple(special), len(raw) + 200 * len(special) + 400)
+    segments, special = _read_refs(data, hash_len)
+    packed = PackedRefs(b"", True, segments, diffable=False)
+    nbytes = sum(len(seg.raw) for seg in segments)
+    return Table(packed, tuple(special), nbytes + 200 * len(special) + 400)
 
 
 def merge_stack(tables: Sequence[Table], peel: Peeler
