@@ -5,6 +5,7 @@ values or decisions. Repository facts arrive as arguments or through small Proto
 """
 
 from .advertise import format_service_header, format_v0_capabilities, iter_v0_advertisement
+from .bundle_uri import check_bundle_uri_args, iter_bundle_list
 from .capabilities import V2Features, iter_v2_capabilities
 from .command import CommandRequest, parse_command_request
 from .errors import ClientError, ProtocolError, Refusal
@@ -35,6 +36,8 @@ from .pktline import (
 from .refs import HeadInfo, Ref, ref_is_hidden
 
 __all__ = [
+    "check_bundle_uri_args",
+    "iter_bundle_list",
     "ClientError",
     "ProtocolError",
     "Refusal",

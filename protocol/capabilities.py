@@ -19,6 +19,8 @@ class V2Features:
     allow_sideband_all: bool = False
     advertise_unborn: bool = True
     session_id: bytes | None = None
+    bundle_uri: bool = False  # uploadpack.advertiseBundleURIs, or bundles of gitspout's own
+    packfile_uris: bool = False  # uploadpack.blobPackfileUri, or large blobs by URI
 
 
 def fetch_features(f: V2Features) -> list[bytes]:
@@ -30,6 +32,8 @@ def fetch_features(f: V2Features) -> list[bytes]:
         feats.append(b"ref-in-want")
     if f.allow_sideband_all:
         feats.append(b"sideband-all")
+    if f.packfile_uris:
+        feats.append(b"packfile-uris")
     return feats
 
 
@@ -44,3 +48,5 @@ def iter_v2_capabilities(f: V2Features) -> Iterator[bytes]:
     if f.session_id is not None:
         yield b"session-id=" + f.session_id + b"\n"
     yield b"object-info\n"
+    if f.bundle_uri:
+        yield b"bundle-uri\n"  # serve.c lists it last

@@ -20,7 +20,7 @@ from .pktline import MAX_REQUEST_PKTS, Pkt, PktKind, iter_pkts
 
 __all__ = ["CommandRequest", "parse_command_request", "KNOWN_COMMANDS"]
 
-KNOWN_COMMANDS = frozenset({b"ls-refs", b"fetch", b"object-info"})
+KNOWN_COMMANDS = frozenset({b"ls-refs", b"fetch", b"object-info", b"bundle-uri"})
 _MAX_CAPABILITY_LINES = 1024
 
 
@@ -70,7 +70,8 @@ def _take_capability(line: bytes, caps: _Caps, features: V2Features) -> None:
     if key == b"command" and eq:
         if caps.command is not None:
             raise ClientError("protocol error: command requested more than once")
-        if value not in KNOWN_COMMANDS:
+        # A command not advertised is no command (serve.c: its advertise() said no).
+        if value not in KNOWN_COMMANDS or (value == b"bundle-uri" and not features.bundle_uri):
             shown = value[:100].decode("utf-8", "replace")
             raise ClientError(f"invalid command '{shown}'")
         caps.command = value

@@ -101,6 +101,9 @@ class FetchRequest:
     haves_end: HavesEnd = HavesEnd.DONE
     agent: bytes | None = None
     session_id: bytes | None = None
+    # packfile-uris: the URI protocols the client takes (empty without sideband-all, as
+    # upload-pack.c drops them: the section is written in sideband-all framing)
+    uri_protocols: tuple[bytes, ...] = ()
 
     @property
     def deepen_rev_list(self) -> bool:
@@ -385,6 +388,10 @@ def _take_v2_line(line: bytes, b: _Builder, features: V2Features) -> None:
         b.take_filter(line[7:])
     elif features.allow_sideband_all and line == b"sideband-all":
         b.flags["sideband_all"] = True
+    elif features.packfile_uris and line.startswith(b"packfile-uris "):
+        if "uri_protocols" in b.flags:
+            raise ClientError("multiple packfile-uris lines forbidden")
+        b.flags["uri_protocols"] = tuple(p for p in line[14:].split(b",") if p)
     else:
         shown = line[:100].decode("utf-8", "replace")
         raise ClientError(f"unexpected line: '{shown}'")
@@ -397,4 +404,6 @@ def parse_v2_fetch_args(
     b = _Builder(hex_len)
     for line in args:
         _take_v2_line(line, b, features)
+    if not b.flags.get("sideband_all"):
+        b.flags.pop("uri_protocols", None)
     return b.build(version=2, sideband=Sideband.LARGE, **b.flags)

@@ -80,8 +80,12 @@ def iter_v2_fetch_response(
     deepen: bool = False,
     client_shallow: bool = False,
     wanted_refs: Sequence[tuple[bytes, bytes]] = (),
+    packfile_uris: Sequence[bytes] = (),
 ) -> Iterator[bytes | Mark]:
     """The v2 fetch response for ``answer`` (``None``: an empty response).
+
+    ``packfile_uris`` are ``<pack hash> <uri>`` lines: packs the client downloads itself,
+    in a section of their own before ``packfile`` (gitprotocol-v2 "packfile-uris").
 
     ``shallow``/``unshallow`` are binary ids. A shallow-info section is sent, even empty,
     when a deepen was asked for (``deepen``) or the client listed shallow commits we have
@@ -99,6 +103,10 @@ def iter_v2_fetch_response(
         yield Mark.DELIM
     if wanted_refs:
         yield from iter_wanted_refs(wanted_refs)
+        yield Mark.DELIM
+    if packfile_uris:
+        yield b"packfile-uris\n"
+        yield from (line + b"\n" for line in packfile_uris)
         yield Mark.DELIM
     yield PACKFILE_HEADER
     yield Mark.PACK

@@ -19,7 +19,7 @@ def body(*items: bytes | str) -> bytes:
 
 
 def test_known_commands() -> None:
-    assert KNOWN_COMMANDS == {b"ls-refs", b"fetch", b"object-info"}
+    assert KNOWN_COMMANDS == {b"ls-refs", b"fetch", b"object-info", b"bundle-uri"}
 
 
 def test_full_request() -> None:
