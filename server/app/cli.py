@@ -33,9 +33,10 @@ class StartupError(Exception):
     """The server cannot start (a port in use, an unknown host...): one line, no traceback."""
 
 log = logging.getLogger("gitspout")
-# Descriptors kept free of connections: pack files (one open descriptor per pack for the
-# life of the process), loose objects and ref files being read, the pool, logs, listeners.
-FD_HEADROOM = 128
+# Descriptors needed beside --max-open-packs and --max-connections: packs pinned by reads in
+# progress (a few per pool thread), loose objects and ref files being read, pack-cache
+# files, the pool, logs, listeners.
+FD_RESERVE = 128
 METRICS_CONNECTIONS = 16  # cap of the --metrics-port listener (Prometheus needs one or two)
 # How long a pool thread running Python (negotiation, framing ACK lines) may keep the GIL
 # while the event-loop thread waits for it; every hop of a request on the loop can wait this
@@ -75,7 +76,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         limits = ConnectionLimits.from_config(cfg)
         guard = ConnectionGuard(limits, state.metrics.connections)
         guards.append(guard)
-        _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
+        check_descriptor_limit(cfg.max_open_packs, cfg.max_connections)
         # A runner whose listen failed was cleaned up by _listen_or_explain.
         listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
                                                   **HANDLER_KWARGS))
@@ -173,14 +174,29 @@ async def _listen_or_explain(runner: web.BaseRunner, guard: ConnectionGuard, hos
         raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
-def _warn_if_cap_exceeds_fd_limit(cap: int) -> None:
-    """The cap only protects the server if accepting up to it leaves descriptors for packs,
-    repositories and the pool (FD_HEADROOM)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (not cap or cap + FD_HEADROOM > soft):
-        log.warning("max-connections %s with a descriptor limit of %d (ulimit -n) "
-                    "leaves fewer than %d descriptors for repositories: lower "
-                    "max-connections or raise the limit", cap or "off", soft, FD_HEADROOM)
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (containers often start with 1,024
+    soft over a much higher hard limit); the (soft, hard) limits then in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # RLIM_INFINITY past fs.nr_open: keep the soft one
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def check_descriptor_limit(max_open: int, max_connections: int) -> None:
+    """One warning when the descriptor limit cannot hold the pack budget, the connection cap
+    and FD_RESERVE: connections would then take the descriptors packs need (EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_open + max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and (not max_connections or need > soft):
+        log.warning("descriptor limit %d (ulimit -n; hard limit %s) cannot hold "
+                    "--max-open-packs %d + --max-connections %s + %d in reserve: lower "
+                    "them or raise the limit", soft,
+                    "unlimited" if hard == resource.RLIM_INFINITY else hard, max_open,
+                    max_connections or "0 (no cap)", FD_RESERVE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -230,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(message)s")
+    raise_descriptor_limit()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)

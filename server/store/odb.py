@@ -25,7 +25,7 @@ from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
 from .packs import EntryHeader, PackFile, PackFormatError, Windows
-from .registry import LOOSE_ID_COST, Leased, PackRegistry
+from .registry import LOOSE_ID_COST, Leased, PackRegistry, out_of_descriptors
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
 
@@ -92,8 +92,14 @@ class ObjectSnapshot:
         self._leases: list[Leased] = []
         self._finalizer = weakref.finalize(self, registry.release_later, self._leases)
         self.alternates: list[ObjectSnapshot] = []
-        self._scan_packs()
-        self.alternates = self._load_alternates(_depth)
+        try:
+            self._scan_packs()
+            self.alternates = self._load_alternates(_depth)
+        except BaseException:
+            # Whatever failed (EMFILE included), what was taken is given back now, not
+            # when a traceback holding this half-made snapshot is collected.
+            self.close()
+            raise
 
     def close(self) -> None:
         """End of the request: give back the leases on packs and commit-graph (also those
@@ -139,15 +145,17 @@ class ObjectSnapshot:
                 packs.append(pack)
             except FileNotFoundError:
                 continue  # removed between listing and opening: a repack is under way
+            except OSError as exc:
+                if out_of_descriptors(exc):
+                    raise  # not the pack's fault: the request fails, the next one works
+                broken.append(_unopenable(stem, exc))
+                report_unusable("io", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
             except PackFormatError as exc:
                 broken.append(exc)  # skipped, but a needed object missing then names it
                 report_unusable(exc.kind, os.path.join(pack_dir, stem), key, exc, _SKIPPED)
-            except (ValueError, OSError) as exc:  # an empty or unreadable file
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                broken.append(PackFormatError(f"{stem}.pack: cannot open: {why}",
-                                              pack=stem + ".pack"))
-                report_unusable("io" if isinstance(exc, OSError) else "pack",
-                                os.path.join(pack_dir, stem), key, exc, _SKIPPED)
+            except ValueError as exc:  # an empty file (mmap of nothing)
+                broken.append(_unopenable(stem, exc))
+                report_unusable("pack", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
         self.broken = broken
         self.registry.forget_missing(live, pack_dir)
         # Largest packs first: most lookups hit the main pack.
@@ -484,6 +492,11 @@ class ObjectSnapshot:
             else:
                 return hdr.type_num  # type: ignore[attr-defined,no-any-return]
         raise ObjectStoreError("delta chain too long")
+
+
+def _unopenable(stem: str, exc: Exception) -> PackFormatError:
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return PackFormatError(f"{stem}.pack: cannot open: {why}", pack=stem + ".pack")
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
