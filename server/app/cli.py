@@ -11,7 +11,6 @@ import resource
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
@@ -23,6 +22,7 @@ from aiohttp import web
 from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
+from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
 from .memory import fix_mmap_threshold
 
@@ -103,7 +103,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
         # failed was cleaned up already. A start that failed has nothing to drain.
         if serving:
-            await _drain(state, listeners, runners, guards, cfg.drain_timeout)
+            await drain(state, listeners, runners, guards, cfg.drain_timeout)
         else:
             for listener in listeners:
                 listener.close()
@@ -113,36 +113,6 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-
-
-async def _drain(state: ServerState, listeners: list[asyncio.Server],
-                 runners: list[web.AppRunner], guards: list[ConnectionGuard],
-                 timeout: float) -> None:
-    """Readiness fails at once, new connections are refused, idle ones closed; requests in
-    flight finish, for up to ``timeout`` seconds, before the pool is shut down.
-
-    aiohttp's shutdown waits ``timeout`` for a handler, then cancels it and waits as long
-    again: a handler blocked writing to a client that stopped reading ends only when its
-    connection does. So at the deadline every connection still open is aborted."""
-    if state.health is not None:
-        state.health.draining = True
-    for listener in listeners:
-        listener.close()  # stop accepting: a new connection is refused from now on
-    busy = state.in_flight
-    log.info("draining: %d requests in flight, up to %g s (drain-timeout)", busy, timeout)
-    start = time.monotonic()
-    loop = asyncio.get_running_loop()
-    def cut_all() -> None:
-        for guard in guards:
-            guard.abort_all()
-
-    cut = loop.call_later(timeout, cut_all)
-    try:
-        for r in runners:
-            await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
-    finally:
-        cut.cancel()
-    log.info("drained in %.1f s", time.monotonic() - start)
 
 
 async def _metrics_site(state: ServerState, cfg: Config,

@@ -1,0 +1,154 @@
+"""The drain (docs/ARCHITECTURE.md "Drain and health"; README "Signals"): on SIGTERM the
+server stops taking connections, lets the requests in flight finish, and exits only once
+what it wrote has left the kernel's send buffers, or its clients are gone.
+
+A request that finished has written its last bytes into a socket, not to its client: a
+slow reader's connection may still hold megabytes in the kernel (``SIOCOUTQ``: bytes not
+yet acknowledged). A process that exits then leaves them to the kernel, which delivers
+them only while the network namespace exists: a container's (and a Kubernetes pod's) dies
+with its last process, and a clone in flight lost the end of its pack. So each connection
+open when the drain starts is watched through a duplicate of its socket: once aiohttp has
+closed its own descriptor the duplicate sends the FIN (``shutdown``), and the process
+waits until every such socket's send queue is empty (its data and FIN acknowledged; a
+client that reset the connection empties it too), all within ``--drain-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import socket
+import struct
+import termios
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .connections import ConnectionGuard, GuardedHandler
+from .http import ServerState
+
+__all__ = ["drain", "SendQueues", "unsent_bytes"]
+
+log = logging.getLogger("gitspout")
+
+POLL = 0.02  # seconds between two looks at the send queues
+
+
+def unsent_bytes(fd: int) -> int:
+    """Bytes of a TCP socket's send queue not yet acknowledged by its peer (``SIOCOUTQ``,
+    the same request as ``TIOCOUTQ``; a FIN not yet acknowledged counts one)."""
+    try:
+        out = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0  # not a socket any more, or one in LISTEN: nothing of ours to deliver
+    return int(struct.unpack("i", out)[0])
+
+
+@dataclass
+class _Watched:
+    handler: GuardedHandler
+    sock: socket.socket  # our duplicate of the connection's socket
+    finished: bool = False  # aiohttp closed its descriptor; ours sent the FIN
+
+
+class SendQueues:
+    """Duplicates of the sockets of the connections open at the start of the drain, so
+    that their send queues can be watched after aiohttp has closed them."""
+
+    def __init__(self, guards: Sequence[ConnectionGuard]) -> None:
+        self.watched: list[_Watched] = []
+        for guard in guards:
+            for handler in list(guard.handlers):
+                sock = _dup_socket(handler)
+                if sock is not None:
+                    self.watched.append(_Watched(handler, sock))
+
+    def pending(self) -> tuple[int, int]:
+        """(connections with bytes still to deliver, those bytes); closes the duplicates
+        of the connections that are done."""
+        left: list[_Watched] = []
+        unsent = 0
+        for w in self.watched:
+            if not w.finished and w.handler.transport is None:
+                w.finished = True  # aiohttp is done with it: the FIN goes after the data
+                try:
+                    w.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass  # reset by the client meanwhile
+            n = unsent_bytes(w.sock.fileno())
+            if w.finished and n == 0:
+                w.sock.close()
+                continue
+            unsent += n
+            left.append(w)
+        self.watched = left
+        return len(left), unsent
+
+    async def delivered(self, deadline: float) -> bool:
+        """Wait until every watched connection is closed by aiohttp and its send queue
+        empty, or until ``deadline`` (loop time); True when all were delivered."""
+        loop = asyncio.get_running_loop()
+        while self.pending()[0]:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(POLL)
+        return True
+
+    def close(self) -> None:
+        for w in self.watched:
+            w.sock.close()
+        self.watched = []
+
+
+def _dup_socket(handler: GuardedHandler) -> socket.socket | None:
+    transport = handler.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return None
+    try:
+        return socket.socket(fileno=os.dup(sock.fileno()))
+    except OSError:  # out of descriptors: that connection is not watched
+        return None
+
+
+async def drain(state: ServerState, listeners: list[asyncio.Server],
+                runners: list[web.AppRunner], guards: list[ConnectionGuard],
+                timeout: float) -> None:
+    """Readiness fails at once, new connections are refused, idle ones closed; requests in
+    flight finish, and what they wrote is delivered, for up to ``timeout`` seconds in all;
+    the pool is shut down after the requests.
+
+    aiohttp's shutdown waits ``timeout`` for a handler, then cancels it and waits as long
+    again: a handler blocked writing to a client that stopped reading ends only when its
+    connection does. So at the deadline every connection still open is aborted."""
+    if state.health is not None:
+        state.health.draining = True
+    for listener in listeners:
+        listener.close()  # stop accepting: a new connection is refused from now on
+    log.info("draining: %d requests in flight, up to %g s (drain-timeout)", state.in_flight,
+             timeout)
+    start = time.monotonic()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    queues = SendQueues(guards)
+
+    def cut_all() -> None:
+        for guard in guards:
+            guard.abort_all()
+
+    cut = loop.call_at(deadline, cut_all)
+    try:
+        for r in runners:
+            await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
+        if not await queues.delivered(deadline):
+            conns, unsent = queues.pending()
+            log.warning("drain-timeout: %d connections still had %d bytes unsent", conns,
+                        unsent)
+    finally:
+        cut.cancel()
+        queues.close()
+    log.info("drained in %.1f s", time.monotonic() - start)
