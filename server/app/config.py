@@ -71,9 +71,10 @@ class Config:
     metrics_repos: str = field(
         default="", metadata={"help": "comma-separated repositories that get a repo label"}
     )
-    # Connection limits (server/connections.py). Only the phases in which the server waits
-    # for the client to *send* are timed; a client slowly receiving a pack is governed by
-    # backpressure, never by these. 0 turns a timeout (or the cap) off.
+    # Connection limits (server/connections.py). The phases in which the server waits for
+    # the client to *send* are timed; a client slowly receiving a pack is governed by
+    # backpressure, and cut only when it stops or crawls (sendwatch.py: send_timeout,
+    # send_min_rate). 0 turns a timeout (or the cap) off.
     header_timeout: float = field(
         default=20.0,
         metadata={"help": "seconds from a connection's opening, or from the first byte of a "
@@ -86,6 +87,17 @@ class Config:
     body_min_rate: int = field(
         default=1024,
         metadata={"help": "bytes/s a request body must average once body-timeout has passed"},
+    )
+    send_timeout: float = field(
+        default=60.0,
+        metadata={"help": "seconds a response may wait with no byte taken by its client "
+                          "before it is cut (its pack slot released); 0 turns this and "
+                          "send-min-rate off"},
+    )
+    send_min_rate: int = field(
+        default=1024,
+        metadata={"help": "bytes/s a client must take, over the last send-timeout seconds "
+                          "in which data waited for it, once it has waited that long"},
     )
     idle_timeout: float = field(
         default=75.0,
@@ -331,12 +343,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("threads must be at least 1")
     if cfg.threads_per_repo < 0:
         raise ConfigError("threads_per_repo must be 0 or more")
-    for name in ("header_timeout", "body_timeout", "idle_timeout"):
+    for name in ("header_timeout", "body_timeout", "idle_timeout", "send_timeout"):
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
-    if cfg.body_min_rate < 0:
-        raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.body_min_rate < 0 or cfg.send_min_rate < 0:
+        raise ConfigError("body_min_rate and send_min_rate must be 0 or more bytes per second "
+                          "(0 turns it off)")
     if cfg.cold_walk_pack_entries < 0:
         raise ConfigError("cold_walk_pack_entries must be 0 or more")
     if cfg.max_open_packs < 2:

@@ -16,12 +16,9 @@ client that reset the connection empties it too), all within ``--drain-timeout``
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import socket
-import struct
-import termios
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,22 +27,13 @@ from aiohttp import web
 
 from .connections import ConnectionGuard, GuardedHandler
 from .http import ServerState
+from .sendwatch import unsent_bytes
 
-__all__ = ["drain", "SendQueues", "unsent_bytes"]
+__all__ = ["drain", "SendQueues"]
 
 log = logging.getLogger("gitspout")
 
 POLL = 0.02  # seconds between two looks at the send queues
-
-
-def unsent_bytes(fd: int) -> int:
-    """Bytes of a TCP socket's send queue not yet acknowledged by its peer (``SIOCOUTQ``,
-    the same request as ``TIOCOUTQ``; a FIN not yet acknowledged counts one)."""
-    try:
-        out = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
-    except OSError:
-        return 0  # not a socket any more, or one in LISTEN: nothing of ours to deliver
-    return int(struct.unpack("i", out)[0])
 
 
 @dataclass

@@ -104,7 +104,9 @@ class SlowProxy:
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
-        src.settimeout(self.stall if slow else TIMEOUT)
+        # The request side may stay silent for the whole response: it ends when the
+        # response side shuts both sockets down.
+        src.settimeout(self.stall if slow else None)
         try:
             while True:
                 data = src.recv(16 << 10)
