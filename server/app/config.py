@@ -86,7 +86,8 @@ class Config:
     )
     body_min_rate: int = field(
         default=1024,
-        metadata={"help": "bytes/s a request body must average once body-timeout has passed"},
+        metadata={"help": "bytes/s a request body must bring over its last body-timeout "
+                          "seconds, once it has been read that long"},
     )
     send_timeout: float = field(
         default=60.0,
@@ -166,7 +167,8 @@ class Config:
     body_memory: int = field(
         default=256 << 20,
         metadata={"help": "bytes of request bodies (as received, then inflated) held at "
-                          "once over all requests; a request past it gets 503 with "
+                          "once over all requests, beyond the first 64 KiB of each (ref "
+                          "listings and small fetches pass); a request past it gets 503 with "
                           "Retry-After; 0 turns the cap off; suffixes KiB, MiB, GiB "
                           "accepted", "size": True},
     )
