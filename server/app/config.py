@@ -68,6 +68,11 @@ class Config:
         metadata={"help": "TOML file of users (bcrypt hashes) and the repository globs each "
                           "may read (README \"Access control\"); unset: anonymous read"},
     )
+    auth_threads: int = field(
+        default=1,
+        metadata={"help": "threads that check passwords (bcrypt), apart from the pool that "
+                          "serves repositories"},
+    )
     metrics_repos: str = field(
         default="", metadata={"help": "comma-separated repositories that get a repo label"}
     )
@@ -341,8 +346,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"metrics_port {cfg.metrics_port} is out of range")
     if not math.isfinite(cfg.keepalive) or cfg.keepalive <= 0:
         raise ConfigError("keepalive must be a number of seconds above 0")
-    if cfg.threads < 1:
-        raise ConfigError("threads must be at least 1")
+    if cfg.threads < 1 or cfg.auth_threads < 1:
+        raise ConfigError("threads and auth_threads must be at least 1")
     if cfg.threads_per_repo < 0:
         raise ConfigError("threads_per_repo must be 0 or more")
     for name in ("header_timeout", "body_timeout", "idle_timeout", "send_timeout"):
