@@ -10,6 +10,7 @@ request needs rescans ``objects/pack`` at most once per request.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 import zlib
@@ -20,7 +21,7 @@ from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph
 from .errors import StorageError
-from .faults import report_unusable
+from .faults import FAULTS, report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
@@ -29,8 +30,14 @@ from .registry import LOOSE_ID_COST, Leased, PackRegistry, out_of_descriptors
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
 
+log = logging.getLogger("gitspout")
+
 _MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
+# Object directories one request reads at most, its own included. C git reads any number;
+# each costs a listing and its packs on every request, and an alternates file is
+# whatever its writer put there.
+MAX_OBJECT_DIRS = 32
 _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
 _FANOUT_NAMES = [f"{i:02x}" for i in range(256)]  # a first byte -> its fan-out directory
@@ -72,6 +79,7 @@ class ObjectSnapshot:
         fs: FsOps,
         _depth: int = 0,
         dirs: DirCache | None = None,
+        _seen: set[str] | None = None,
     ) -> None:
         self.objects_dir = objects_dir
         self.hash_len = hash_len
@@ -94,7 +102,10 @@ class ObjectSnapshot:
         self.alternates: list[ObjectSnapshot] = []
         try:
             self._scan_packs()
-            self.alternates = self._load_alternates(_depth)
+            # Real paths of the object directories this request reads so far: its own
+            # first (C git's alt_odb_usable skips it and any directory seen already).
+            seen = _seen if _seen is not None else {os.path.realpath(objects_dir)}
+            self.alternates = self._load_alternates(_depth, seen)
         except BaseException:
             # Whatever failed (EMFILE included), what was taken is given back now, not
             # when a traceback holding this half-made snapshot is collected.
@@ -205,7 +216,11 @@ class ObjectSnapshot:
         self._loose_fresh = True
         self._scan_packs(fresh=True)
 
-    def _load_alternates(self, depth: int) -> list[ObjectSnapshot]:
+    def _load_alternates(self, depth: int, seen: set[str]) -> list[ObjectSnapshot]:
+        """The alternates as C git links them (object-file.c ``link_alt_odb_entry``): each
+        real path once per request, the repository's own objects directory never, depth
+        first, at most :data:`MAX_OBJECT_DIRS` directories in all. A file naming its own
+        directory 12 times used to cost 12 + 12^2 + ... + 12^5 snapshots per request."""
         if depth >= _MAX_ALTERNATE_DEPTH:
             return []
         entry = self._info().get("alternates")
@@ -218,11 +233,24 @@ class ObjectSnapshot:
             return []
         alts = []
         for line, path in self._alternate_paths(data):
+            if path in seen:
+                continue
+            if len(seen) >= MAX_OBJECT_DIRS:
+                self._too_many(line, data)
+                break
             if self.dirs.guard is not None:
                 self.dirs.guard.check_real(f"{self.objects_dir}/info/alternates: {line}", path)
+            seen.add(path)
             alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs, depth + 1,
-                                       self.dirs))
+                                       self.dirs, seen))
         return alts
+
+    def _too_many(self, line: str, data: bytes) -> None:
+        """One line per alternates file version, not one per request."""
+        if FAULTS.first_report(("alternates-cap", self.objects_dir, data)):
+            log.warning("%s/info/alternates: more than %d object directories in all; "
+                        "ignoring %s and the entries after it", self.objects_dir,
+                        MAX_OBJECT_DIRS, line)
 
     def _alternate_paths(self, data: bytes) -> tuple[tuple[str, str], ...]:
         """(line, real path) of each object directory ``data`` (the alternates file) names.
