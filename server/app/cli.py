@@ -8,7 +8,6 @@ import gc
 import getpass
 import logging
 import resource
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, 
 from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
 from .memory import fix_mmap_threshold
+from .signals import Signals, ignore_hangup
 
 __all__ = ["main", "serve", "StartupError"]
 
@@ -53,15 +53,13 @@ GC_THRESHOLDS = (50_000, 20, 10)
 
 
 async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
-    """Run the server until SIGINT or SIGTERM."""
+    """Run the server until SIGINT, SIGTERM or SIGQUIT (signals.py)."""
     install_log_filter()
     # Signals first: a SIGTERM while the server starts drains it like any other (the
     # default action would kill it without removing its pack-cache directory).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    signals = Signals(asyncio.get_running_loop(), cfg)
     state = ServerState.create(cfg)
+    signals.state = state
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []
     guards: list[ConnectionGuard] = []
@@ -98,12 +96,12 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         serving = True
         if ready is not None:
             ready.set()
-        await stop.wait()
+        await signals.stop.wait()
     finally:
         # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
         # failed was cleaned up already. A start that failed has nothing to drain.
         if serving:
-            await drain(state, listeners, runners, guards, cfg.drain_timeout)
+            await drain(state, listeners, runners, guards, cfg.drain_timeout, signals.now)
         else:
             for listener in listeners:
                 listener.close()
@@ -205,6 +203,7 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    ignore_hangup()  # until the loop's handler reloads on it (signals.py)
     args = _parser().parse_args(argv)
     if args.command == "hash-password":
         return _hash_password()

@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -49,6 +49,7 @@ class SendQueues:
 
     def __init__(self, guards: Sequence[ConnectionGuard]) -> None:
         self.watched: list[_Watched] = []
+        self.abandoned = False  # stop now (signals.py): no waiting for anything
         for guard in guards:
             for handler in list(guard.handlers):
                 sock = _dup_socket(handler)
@@ -81,7 +82,7 @@ class SendQueues:
         empty, or until ``deadline`` (loop time); True when all were delivered."""
         loop = asyncio.get_running_loop()
         while self.pending()[0]:
-            if loop.time() >= deadline:
+            if self.abandoned or loop.time() >= deadline:
                 return False
             await asyncio.sleep(POLL)
         return True
@@ -105,10 +106,11 @@ def _dup_socket(handler: GuardedHandler) -> socket.socket | None:
 
 async def drain(state: ServerState, listeners: list[asyncio.Server],
                 runners: list[web.AppRunner], guards: list[ConnectionGuard],
-                timeout: float) -> None:
+                timeout: float, now: asyncio.Event | None = None) -> None:
     """Readiness fails at once, new connections are refused, idle ones closed; requests in
     flight finish, and what they wrote is delivered, for up to ``timeout`` seconds in all;
-    the pool is shut down after the requests.
+    the pool is shut down after the requests. Once ``now`` is set (a second signal,
+    SIGQUIT: signals.py) every connection is cut at once and nothing is waited for.
 
     aiohttp's shutdown waits ``timeout`` for a handler, then cancels it and waits as long
     again: a handler blocked writing to a client that stopped reading ends only when its
@@ -125,10 +127,12 @@ async def drain(state: ServerState, listeners: list[asyncio.Server],
     queues = SendQueues(guards)
 
     def cut_all() -> None:
+        queues.abandoned = bool(now is not None and now.is_set())
         for guard in guards:
             guard.abort_all()
 
     cut = loop.call_at(deadline, cut_all)
+    hurry = loop.create_task(_when_set(now, cut_all)) if now is not None else None
     try:
         for r in runners:
             await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
@@ -138,5 +142,13 @@ async def drain(state: ServerState, listeners: list[asyncio.Server],
                         unsent)
     finally:
         cut.cancel()
+        if hurry is not None:
+            hurry.cancel()
         queues.close()
-    log.info("drained in %.1f s", time.monotonic() - start)
+    log.info("%s in %.1f s", "stopped" if queues.abandoned else "drained",
+             time.monotonic() - start)
+
+
+async def _when_set(event: asyncio.Event, action: Callable[[], None]) -> None:
+    await event.wait()
+    action()
