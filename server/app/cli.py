@@ -23,6 +23,7 @@ from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
 from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
+from .logtext import install_escaping
 from .memory import fix_mmap_threshold
 from .signals import Signals, ignore_hangup
 
@@ -214,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(message)s")
+    install_escaping(cfg.log_level)  # every text line escapes control characters
     raise_descriptor_limit()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
