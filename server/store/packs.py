@@ -16,6 +16,7 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -210,7 +211,15 @@ class PackFile:
     limit: a request of a repository with thousands of packs then needs a few
     descriptors, not two per pack. Every read *pins* the files (:meth:`_pin`) for its
     duration, and a pinned pack is never closed: a descriptor number is never used after
-    it was closed (it may name another file by then)."""
+    it was closed (it may name another file by then).
+
+    A pin costs no lock (a read of an index entry is a microsecond; two locks per read
+    made lookups twice as slow). It rests on what CPython's GIL makes atomic: a
+    ``deque.append``/``pop`` and one attribute load or store. A reader appends its pin,
+    *then* loads ``_files``; :meth:`detach` (under ``_io``) takes ``_files`` away only if
+    no pin is there, and puts it back if a pin came meanwhile. Either the detacher sees
+    the reader's pin, or the reader sees ``None`` and opens the files again under
+    ``_io``."""
 
     HANDLES = 2  # the .pack descriptor and the .idx map
 
@@ -231,13 +240,13 @@ class PackFile:
         self.unkept: set[str] = set()
         # ``verify`` is False for symlinked files, whose listed inode is the link's.
         self._want = (key[2], key[3]) if verify and len(key) == 4 else (None, None)
-        # The open files: guarded by ``_io``, with the reads in progress (``_pins``) and
+        # The open files, (pack descriptor, index map), or None: set and taken under
+        # ``_io``; the reads in progress (one item each: see the class docstring), and
         # whether a caller holds the raw descriptor (``fd``: pinned until no lease is left).
         self._io = threading.Lock()
-        self._pins = 0
+        self._pins: deque[None] = deque()
         self._raw = False
-        self._fd = -1
-        self._idx: mmap.mmap | None = None
+        self._files: tuple[int, mmap.mmap] | None = None
         # Told (outside ``_io``) when the files were opened again: the registry counts them;
         # asked to close what nobody reads when the process is out of descriptors.
         self.on_open: Callable[[PackFile], None] | None = None
@@ -254,7 +263,7 @@ class PackFile:
 
     # -- open files --------------------------------------------------------------
 
-    def _open_files(self) -> None:
+    def _open_files(self) -> tuple[int, mmap.mmap]:
         """Map the index and open the pack (under ``_io``, or before anyone else sees this
         object), checking that both are the files the listing named; a reopen also checks
         that the pack has the size it had."""
@@ -269,54 +278,53 @@ class PackFile:
             if self.pack_size >= 0 and st.st_size != self.pack_size:
                 raise _replaced(self.base + ".pack")
             self.pack_size = st.st_size
-            self._fd, self._idx = fd, idx
-            self._checksum = self._idx[len(idx) - 2 * self.hash_len : len(idx) - self.hash_len]
-            self._check_pack_header()
+            self._checksum = idx[len(idx) - 2 * self.hash_len : len(idx) - self.hash_len]
+            self._check_pack_header(fd)
         except BaseException:
-            # -1 first: nothing may use the number again, once another file has it.
-            self._fd, self._idx = -1, None
             if fd >= 0:
                 os.close(fd)
             idx.close()
             raise
+        self._files = (fd, idx)
+        return fd, idx
 
-    def _pin(self) -> None:
-        """Hold the files open for one read (opening them again if they were closed);
-        :meth:`_unpin` after it. Opening may raise OSError (FileNotFoundError when the
-        pack was replaced since it was listed); out of descriptors, it asks the registry
-        to close what nobody reads and tries once more."""
-        try:
-            self._pin_once()
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE) or self.on_exhausted is None:
-                raise
-            self.on_exhausted()
-            self._pin_once()
-
-    def _pin_once(self) -> None:
-        with self._io:
-            self._pins += 1
-            if self._fd >= 0:
-                return
-            try:
-                self._open_files()
-            except BaseException:
-                self._pins -= 1
-                raise
-            self.reopened += 1
-        if self.on_open is not None:
-            self.on_open(self)
+    def _pin(self) -> tuple[int, mmap.mmap]:
+        """Hold the files open for one read (opening them again if they were closed) and
+        return them; :meth:`_unpin` after it, whatever happens. Opening may raise OSError
+        (FileNotFoundError when the pack was replaced since it was listed)."""
+        self._pins.append(None)  # first the pin, then the look (class docstring)
+        files = self._files
+        return files if files is not None else self._reopen()
 
     def _unpin(self) -> None:
-        with self._io:
-            self._pins -= 1
+        self._pins.pop()
+
+    def _reopen(self) -> tuple[int, mmap.mmap]:
+        """The files, opened again under ``_io`` (the caller's pin is in); out of
+        descriptors, the registry is asked to close what nobody reads, once."""
+        for attempt in (1, 2):
+            try:
+                with self._io:
+                    held = self._files
+                    if held is not None:
+                        return held  # opened, or put back, meanwhile
+                    files = self._open_files()
+                    self.reopened += 1
+                break
+            except OSError as exc:
+                if attempt == 2 or exc.errno not in (errno.EMFILE, errno.ENFILE) \
+                        or self.on_exhausted is None:
+                    raise
+                self.on_exhausted()
+        if self.on_open is not None:
+            self.on_open(self)
+        return files
 
     @contextmanager
-    def pinned(self) -> Iterator[None]:
+    def pinned(self) -> Iterator[tuple[int, mmap.mmap]]:
         """The files held open for the block (:meth:`_pin`)."""
-        self._pin()
         try:
-            yield
+            yield self._pin()
         finally:
             self._unpin()
 
@@ -325,13 +333,12 @@ class PackFile:
         """The ``.pack`` descriptor, for a caller that reads it itself (a whole pack sent
         as it is): the files then stay open until no request leases this pack any more
         (the registry calls :meth:`drop_raw`)."""
-        self._pin()
-        try:
+        with self.pinned():
             with self._io:
                 self._raw = True
-                return self._fd
-        finally:
-            self._unpin()
+                files = self._files
+                assert files is not None  # pinned: nobody took them away
+                return files[0]
 
     def drop_raw(self) -> None:
         """No lease is left: nobody holds the raw descriptor any more."""
@@ -341,7 +348,7 @@ class PackFile:
     @property
     def handles(self) -> int:
         """Descriptors (and maps) held now: 2 while open, 0 once closed."""
-        return self.HANDLES if self._fd >= 0 else 0
+        return self.HANDLES if self._files is not None else 0
 
     def detach(self) -> tuple[int, mmap.mmap] | None:
         """Close the files if nobody reads them now (never blocks: None when busy, pinned
@@ -350,14 +357,16 @@ class PackFile:
         if not self._io.acquire(blocking=False):
             return None
         try:
-            if self._pins or self._raw or self._fd < 0:
+            files = self._files
+            if self._pins or self._raw or files is None:
                 return None
-            fd, idx = self._fd, self._idx
-            self._fd, self._idx = -1, None
+            self._files = None
+            if self._pins:  # a read pinned them meanwhile: it may hold them, put back
+                self._files = files
+                return None
         finally:
             self._io.release()
-        assert idx is not None
-        return fd, idx
+        return files
 
     # -- index ----------------------------------------------------------------
 
@@ -396,9 +405,8 @@ class PackFile:
 
     @property
     def index_size(self) -> int:
-        with self.pinned():
-            assert self._idx is not None
-            return len(self._idx)
+        with self.pinned() as (_fd, idx):
+            return len(idx)
 
     def verify_index(self) -> None:
         """Compare the index's trailing checksum with its contents, once per file version
@@ -406,22 +414,22 @@ class PackFile:
         would send the wrong entries under the right names. About 1 ms per MB of index,
         as much as the name prefixes the first lookup reads anyway."""
         def compute() -> tuple[bool, int]:
-            with self.pinned():
-                if not trailer_matches(self._idx, self.hash_len):  # type: ignore[arg-type]
+            with self.pinned() as (_fd, idx):
+                if not trailer_matches(idx, self.hash_len):
                     raise self.corrupt("index checksum does not match its contents", ".idx")
             return True, 0
 
         self.derived("verified", compute)
 
-    def _check_pack_header(self) -> None:
+    def _check_pack_header(self, fd: int) -> None:
         """The pack must start with its header and end with the checksum its index
         records: a truncated or foreign pack is never served (two small reads, at each
         open)."""
-        head = os.pread(self._fd, 12, 0)
+        head = os.pread(fd, 12, 0)
         if head[:4] != b"PACK" or struct.unpack(">I", head[8:12])[0] != self.count:
             raise self.corrupt("header does not match its index")
         h = self.hash_len
-        if self.pack_size < 12 + h or os.pread(self._fd, h, self.pack_size - h) != self._checksum:
+        if self.pack_size < 12 + h or os.pread(fd, h, self.pack_size - h) != self._checksum:
             raise self.corrupt("trailer does not match its index (truncated?)")
 
     def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError:
@@ -436,15 +444,14 @@ class PackFile:
         this, once no request holds a lease (``__del__`` is a last resort for packs opened
         outside one)."""
         with self._io:
-            fd, idx = self._fd, self._idx
-            self._fd, self._idx = -1, None
+            files, self._files = self._files, None
             self._raw = False
-        if fd >= 0 and idx is not None:
-            close_files((fd, idx))
+        if files is not None:
+            close_files(files)
 
     @property
     def closed(self) -> bool:
-        return self._fd < 0
+        return self._files is None
 
     def files(self) -> tuple[tuple[str, object], ...]:
         """(path, inode) of the files this object holds open, for the registry's sweep."""
@@ -515,8 +522,8 @@ class PackFile:
         whole name table."""
         def compute() -> tuple[array, int]:
             h, base, n = self.hash_len, self._names_at, self.count
-            with self.pinned():
-                words = memoryview(self._idx)[base : base + n * h].cast("I")  # type: ignore[arg-type]
+            with self.pinned() as (_fd, idx):
+                words = memoryview(idx)[base : base + n * h].cast("I")
                 prefixes = array("I")
                 prefixes.frombytes(words[:: h // 4].tobytes())
                 words.release()
@@ -552,10 +559,8 @@ class PackFile:
         if i >= hi or prefixes[i] != key:
             return -1  # most misses end here, without the index file
         h, base = self.hash_len, self._names_at
-        self._pin()
         try:
-            idx = self._idx
-            assert idx is not None
+            idx = self._pin()[1]
             while i < hi and prefixes[i] == key:
                 at = base + i * h
                 if idx[at : at + h] == oid:
@@ -571,9 +576,7 @@ class PackFile:
         lo = self.fanout[first - 1] if first else 0
         end = hi = self.fanout[first]
         h, base = self.hash_len, self._names_at
-        with self.pinned():
-            idx = self._idx
-            assert idx is not None
+        with self.pinned() as (_fd, idx):
             while lo < hi:
                 mid = (lo + hi) >> 1
                 at = base + mid * h
@@ -586,18 +589,15 @@ class PackFile:
 
     def oid_at(self, pos: int) -> bytes:
         at = self._names_at + pos * self.hash_len
-        self._pin()
         try:
-            return self._idx[at : at + self.hash_len]  # type: ignore[index]
+            return self._pin()[1][at : at + self.hash_len]
         finally:
             self._unpin()
 
     def offset_at(self, pos: int) -> int:
         at = self._ofs_at + pos * 4
-        self._pin()
         try:
-            idx = self._idx
-            assert idx is not None
+            idx = self._pin()[1]
             off = int.from_bytes(idx[at : at + 4], "big")
             if off & 0x80000000:
                 at = self._large_at + (off & 0x7FFFFFFF) * 8
@@ -618,9 +618,7 @@ class PackFile:
     def _all_offsets(self) -> np.ndarray:
         """Every entry's offset in index order (numpy, no Python step per entry)."""
         n = self.count
-        with self.pinned():
-            idx = self._idx
-            assert idx is not None
+        with self.pinned() as (_fd, idx):
             offs = np.frombuffer(idx[self._ofs_at : self._ofs_at + 4 * n],
                                  dtype=">u4").astype(np.uint64)
             tail = idx[self._large_at : len(idx) - 2 * self.hash_len]
@@ -749,17 +747,15 @@ class PackFile:
 
     def _pread(self, size: int, offset: int) -> bytes:
         """``size`` bytes of the pack at ``offset``, its files pinned meanwhile."""
-        self._pin()
         try:
-            return os.pread(self._fd, size, offset)
+            return os.pread(self._pin()[0], size, offset)
         finally:
             self._unpin()
 
     def read_into(self, view: memoryview, offset: int) -> int:
         """Read the pack at ``offset`` into ``view`` (one ``preadv``); bytes read."""
-        self._pin()
         try:
-            return os.preadv(self._fd, [view], offset)
+            return os.preadv(self._pin()[0], [view], offset)
         finally:
             self._unpin()
 
@@ -820,10 +816,10 @@ class PackFile:
 
     def inflate(self, hdr: EntryHeader) -> bytes:
         """Inflate the entry's zlib stream (the object, or the delta for deltas)."""
-        with self.pinned():
-            return self._inflate(hdr)
+        with self.pinned() as (fd, _idx):
+            return self._inflate(fd, hdr)
 
-    def _inflate(self, hdr: EntryHeader) -> bytes:
+    def _inflate(self, fd: int, hdr: EntryHeader) -> bytes:
         want = hdr.size
         d = zlib.decompressobj()
         pos = hdr.data_offset
@@ -831,7 +827,7 @@ class PackFile:
         parts: list[bytes] = []
         got = 0
         while not d.eof:
-            data = os.pread(self._fd, chunk, pos)
+            data = os.pread(fd, chunk, pos)
             if not data:
                 raise self.corrupt(f"truncated entry at {hdr.data_offset}")
             pos += len(data)

@@ -10,8 +10,10 @@ one, and one line says when the limits cannot hold the budgets.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,35 @@ def test_a_snapshot_that_fails_gives_back_its_packs(git: Git, tmp_path: Path) ->
     with ObjectSnapshot(str(repo / "objects"), 20, registry, FsOps(), dirs=dirs) as snap:
         assert len(snap.packs) == 1
     assert deleted_files(os.getpid(), repo) == []
+
+
+def test_threads_reading_many_packs_under_a_tiny_budget_read_the_right_bytes(
+        many_root: Path) -> None:
+    """Four threads read every object of the 600 packs through their own snapshots while
+    the budget (4: two packs) closes files between reads: each object must hash to its
+    id (a descriptor number used after it was closed would read another pack)."""
+    registry = PackRegistry(max_open=4)
+    objects = str(many_root / "many.git" / "objects")
+    errors: list[BaseException] = []
+
+    def reader(k: int) -> None:
+        try:
+            with ObjectSnapshot(objects, 20, registry, FsOps(), dirs=DirCache()) as snap:
+                packs = snap.packs[k * 150:] + snap.packs[:k * 150]  # all, in turns
+                for pack in packs:
+                    for pos in range(pack.count):
+                        oid = pack.oid_at(pos)
+                        type_num, data = snap.read_packed(pack, pack.offset_at(pos))
+                        name = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}[type_num]
+                        head = name + b" %d\0" % len(data)
+                        assert hashlib.sha1(head + data).digest() == oid
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[:3]
+    assert registry.evicted > 0 and registry.handles <= 4
