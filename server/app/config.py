@@ -187,9 +187,10 @@ class Config:
     # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
     drain_timeout: float = field(
         default=30.0,
-        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish "
-                          "(new connections are refused at once); then they are cut and "
-                          "the process exits 0"},
+        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish, "
+                          "and what they wrote to leave the kernel's send buffers (new "
+                          "connections are refused at once); then they are cut and the "
+                          "process exits 0"},
     )
     ready_check_interval: float = field(
         default=2.0,

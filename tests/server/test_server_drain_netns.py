@@ -17,7 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-from gitutil import REPO_ROOT, Committer, Git, fsck, repo_state, stop_process, wait_until
+from gitutil import (
+    REPO_ROOT,
+    Committer,
+    Git,
+    fsck,
+    git_env,
+    repo_state,
+    stop_process,
+    wait_until,
+)
 from netnskit import NetNs, SlowProxy, netns_usable
 
 BLOB = 3 << 20  # incompressible: the pack is as large
@@ -66,7 +75,7 @@ def test_clone_in_flight_at_sigterm_completes_when_the_namespace_dies_with_the_p
         dest = tmp_path / "clone"
         clone = subprocess.Popen(
             ["git", "clone", "-q", "--bare", f"http://127.0.0.1:{proxy.port}/big.git",
-             str(dest)], env=git_env_of(git), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             str(dest)], env=git_env(git.home), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             # Half a megabyte through: the pack is in flight, most of it still to come.
             assert wait_until(lambda: proxy.relayed >= 512 << 10, 30), "no pack in flight"
@@ -86,8 +95,3 @@ def test_clone_in_flight_at_sigterm_completes_when_the_namespace_dies_with_the_p
     git.run("clone", "-q", "--bare", f"file://{big_root / 'big.git'}", str(ref))
     assert repo_state(git, dest) == repo_state(git, ref)
 
-
-def git_env_of(git: Git) -> dict[str, str]:
-    from gitutil import git_env
-
-    return git_env(git.home)
