@@ -7,10 +7,12 @@ slow reader's connection may still hold megabytes in the kernel (``SIOCOUTQ``: b
 yet acknowledged). A process that exits then leaves them to the kernel, which delivers
 them only while the network namespace exists: a container's (and a Kubernetes pod's) dies
 with its last process, and a clone in flight lost the end of its pack. So each connection
-open when the drain starts is watched through a duplicate of its socket: once aiohttp has
-closed its own descriptor the duplicate sends the FIN (``shutdown``), and the process
-waits until every such socket's send queue is empty (its data and FIN acknowledged; a
-client that reset the connection empties it too), all within ``--drain-timeout``.
+open when the drain starts is watched through a duplicate of its socket: once its
+transport is closing with nothing left in its own buffer, the duplicate sends the FIN
+(``shutdown``), and the process waits until every such socket's send queue is empty (its
+data and FIN acknowledged; a client that reset the connection empties it too), all within
+``--drain-timeout``. (aiohttp drops its reference to a transport when it asks it to
+close, while the transport still flushes its buffer: a FIN sent then cut the response.)
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ POLL = 0.02  # seconds between two looks at the send queues
 
 @dataclass
 class _Watched:
-    handler: GuardedHandler
+    transport: asyncio.BaseTransport
     sock: socket.socket  # our duplicate of the connection's socket
-    finished: bool = False  # aiohttp closed its descriptor; ours sent the FIN
+    finished: bool = False  # the transport closed and flushed; ours sent the FIN
 
 
 class SendQueues:
@@ -53,8 +55,8 @@ class SendQueues:
         for guard in guards:
             for handler in list(guard.handlers):
                 sock = _dup_socket(handler)
-                if sock is not None:
-                    self.watched.append(_Watched(handler, sock))
+                if sock is not None and handler.transport is not None:
+                    self.watched.append(_Watched(handler.transport, sock))
 
     def pending(self) -> tuple[int, int]:
         """(connections with bytes still to deliver, those bytes); closes the duplicates
@@ -62,8 +64,8 @@ class SendQueues:
         left: list[_Watched] = []
         unsent = 0
         for w in self.watched:
-            if not w.finished and w.handler.transport is None:
-                w.finished = True  # aiohttp is done with it: the FIN goes after the data
+            if not w.finished and _flushed(w.transport):
+                w.finished = True  # the FIN goes after the data, all in the kernel now
                 try:
                     w.sock.shutdown(socket.SHUT_WR)
                 except OSError:
@@ -91,6 +93,15 @@ class SendQueues:
         for w in self.watched:
             w.sock.close()
         self.watched = []
+
+
+def _flushed(transport: asyncio.BaseTransport) -> bool:
+    """Closing, and nothing of the response left in the transport's own buffer (uvloop
+    counts libuv's write queue in it)."""
+    if not transport.is_closing():
+        return False
+    size = getattr(transport, "get_write_buffer_size", None)
+    return size is None or size() == 0
 
 
 def _dup_socket(handler: GuardedHandler) -> socket.socket | None:

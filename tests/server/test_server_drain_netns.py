@@ -29,8 +29,8 @@ from gitutil import (
 )
 from netnskit import NetNs, SlowProxy, netns_usable
 
-BLOB = 3 << 20  # incompressible: the pack is as large
-RATE = 1 << 20  # bytes/s the client reads
+BLOB = 8 << 20  # incompressible: the pack is as large
+RATE = 2 << 20  # bytes/s the client reads
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_clone_in_flight_at_sigterm_completes_when_the_namespace_dies_with_the_p
              str(dest)], env=git_env(git.home), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             # Half a megabyte through: the pack is in flight, most of it still to come.
-            assert wait_until(lambda: proxy.relayed >= 512 << 10, 30), "no pack in flight"
+            assert wait_until(lambda: proxy.relayed >= 1 << 20, 30), "no pack in flight"
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=90)
             ns.delete()  # at once, as the runtime does
