@@ -371,9 +371,12 @@ def s3_stalled_readers(tree: Path, work: Path) -> str:
         start = time.monotonic()
         done = clone(f"{srv.url}/small.git", work / "smallclone", timeout=120)
         took = time.monotonic() - start
-        name = 'gitspout_connection_timeouts_total{kind="send"}'
-        wait_until(lambda: (metric(srv, name) or 0) >= 32, 10)
-        cut = metric(srv, name)
+        def cuts() -> float:  # no progress, or under the minimum rate: both cut
+            return sum(metric(srv, f'gitspout_connection_timeouts_total{{kind="{k}"}}') or 0
+                       for k in ("send", "send_rate"))
+
+        wait_until(lambda: cuts() >= 32, 10)
+        cut = cuts()
     finally:
         for s in socks:
             s.close()
@@ -397,7 +400,7 @@ def s4_stalled_bodies(tree: Path, work: Path) -> str:
             s = socket.create_connection(("127.0.0.1", srv.port))
             s.sendall((f"POST /tiny.git/git-upload-pack HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        f"application/x-git-upload-pack-request\r\nContent-Length: {cap}\r\n\r\n"
-                       ).encode() + b"0" * (cap - 16))
+                       ).encode() + b"0" * (cap - 4))  # 32 bytes of the budget left
             socks.append(s)
 
         def trickle() -> None:
