@@ -34,6 +34,7 @@ log = logging.getLogger("gitspout")
 
 _MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
+MANY_PACKS = 16  # from this many packs on, lookups try the pack of the last hit first
 # Object directories one request reads at most, its own included. C git reads any number;
 # each costs a listing and its packs on every request, and an alternates file is
 # whatever its writer put there.
@@ -94,6 +95,7 @@ class ObjectSnapshot:
         self._info_listing: Listing | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
+        self._last_pack: PackFile | None = None  # with MANY_PACKS: the last hit's pack
         self.windows = Windows()  # of the packs, for reading many small entries
         self.broken: list[PackFormatError] = []  # packs listed that cannot be read
         # Every pack and graph this snapshot froze, leased until close() (registry.py).
@@ -172,6 +174,7 @@ class ObjectSnapshot:
         # Largest packs first: most lookups hit the main pack.
         packs.sort(key=lambda p: p.count, reverse=True)
         self.packs = packs
+        self._last_pack = None
 
     def commit_graph(self) -> CommitGraph | None:
         """The commit-graph of this object directory, by the inode ``objects/info`` lists."""
@@ -322,9 +325,19 @@ class ObjectSnapshot:
     # -- lookups -----------------------------------------------------------------
 
     def _find_local(self, oid: bytes) -> PackedLocation | str | None:
+        last = self._last_pack
+        if last is not None:
+            # Many packs: the pack of the last hit first, as C git's packed_git_mru (a
+            # commit's tree and blobs came with it, in the same push's pack). A hint:
+            # any copy of an object is the object.
+            pos = last.find(oid)
+            if pos >= 0:
+                return PackedLocation(last, pos, last.offset_at(pos))
         for pack in self.packs:
             pos = pack.find(oid)
             if pos >= 0:
+                if len(self.packs) >= MANY_PACKS:
+                    self._last_pack = pack
                 return PackedLocation(pack, pos, pack.offset_at(pos))
         if oid and oid in self._loose_ids(oid[0]):
             return self._loose_path(oid)
