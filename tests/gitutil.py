@@ -175,12 +175,12 @@ SERVER_ARGS = tuple(shlex.split(os.environ.get("GITSPOUT_TEST_SERVER_ARGS", ""))
 
 def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  timeout: float = 20.0, output: list[str] | None = None,
-                 nofile: int | None = None) -> LiveServer:
+                 nofile: int | tuple[int, int] | None = None) -> LiveServer:
     """Start ``gitspout serve`` on a free port and wait until it says where it listens.
 
     Every line the server prints (stdout and stderr, in order) goes to ``LiveServer.lines``
-    and the test's stderr, and to ``output`` too when given. ``nofile`` sets the server's RLIMIT_NOFILE soft
-    limit, as ``ulimit -n`` would.
+    and the test's stderr, and to ``output`` too when given. ``nofile`` sets the server's
+    RLIMIT_NOFILE, soft and hard, as ``ulimit -n`` does; ``(soft, hard)`` sets each.
     """
     cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
            "--host", "127.0.0.1", "--port", "0", *SERVER_ARGS, *extra_args]
@@ -192,7 +192,9 @@ def start_server(root: Path, extra_args: Sequence[str] = (), env: Mapping[str, s
 
         assert nofile is not None
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
+        want_soft, want_hard = nofile if isinstance(nofile, tuple) else (nofile, nofile)
+        want_hard = min(want_hard, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want_soft, want_hard), want_hard))
 
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT,

@@ -258,3 +258,24 @@ def build_long_root(git: Git, root: Path) -> None:
     # Only here: C git 2.39's own v2 shallow clone fails when the server allows
     # ref-in-want (it sends wanted-refs before shallow-info, which its client refuses).
     git.run("config", "uploadpack.allowRefInWant", "true", cwd=repo)
+
+
+def build_many_packs(git: Git, dest: Path, packs: int, seed: int = 0) -> Path:
+    """A bare repository of ``packs`` packs (one commit, tree and blob each), the way an
+    unmaintained repository that is pushed to and never repacked gets there: one
+    ``git fast-import`` whose ``checkpoint`` after every commit starts a new pack
+    (``fastimport.unpackLimit=0``: small packs are kept, not exploded into loose objects)."""
+    out = []
+    for i in range(packs):
+        data = f"file {i} of seed {seed}\n" * 3
+        out.append(f"commit refs/heads/main\nmark :{i + 1}\n"
+                   f"committer T <t@example.com> {1_600_000_000 + i} +0000\n"
+                   f"data {len(f'c{i}')}\nc{i}\n")
+        if i:
+            out.append(f"from :{i}\n")
+        out.append(f"M 644 inline f{i % 50}.txt\ndata {len(data)}\n{data}\ncheckpoint\n\n")
+    git.run("init", "-q", "--bare", str(dest))
+    git.run("symbolic-ref", "HEAD", "refs/heads/main", cwd=dest)
+    git.run("-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", cwd=dest,
+            input="".join(out).encode(), timeout=600)
+    return dest

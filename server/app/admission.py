@@ -25,6 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 __all__ = ["Admission", "AdmissionLimits", "Overloaded", "REJECT_REASONS", "BodyCharge"]
 
 REJECT_REASONS = ("queue_full", "wait_timeout", "body_memory")
+# The first bytes of every request body are not charged against --body-memory: ref
+# listings and small fetches (a few wants and haves) go on while large bodies fill it;
+# that is at most this much per connection more (--max-connections).
+FREE_BODY = 64 << 10
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -161,15 +165,23 @@ class Admission:
 
 class BodyCharge:
     """One request's share of ``--body-memory``: the bytes of its body as received, then
-    as inflated, held until the request ends (:meth:`release`). Past the limit over all
-    requests, :meth:`take` answers 503 with Retry-After, as a full queue does: sixteen
-    32 MB bodies at once peaked near 500 MB. Used on the event loop only (no lock)."""
+    as inflated, beyond its first :data:`FREE_BODY`, held until the request ends
+    (:meth:`release`; a body too slow to arrive ends its request, httpreq.py). Past the
+    limit over all requests, :meth:`take` answers 503 with Retry-After, as a full queue
+    does: sixteen 32 MB bodies at once peaked near 500 MB. Used on the event loop only
+    (no lock)."""
 
     def __init__(self, admission: Admission) -> None:
         self._adm = admission
         self.held = 0
+        self.seen = 0
 
     def take(self, n: int) -> None:
+        free = max(0, min(n, FREE_BODY - self.seen))
+        self.seen += n
+        n -= free
+        if not n:
+            return
         adm = self._adm
         limit = adm.limits.body_memory
         if limit and adm.body_bytes + n > limit:
@@ -198,6 +210,8 @@ class _AdmissionCollector:
              len(adm.waiters)),
             ("gitspout_admission_limit", "The --max-packs limit (0: none).",
              adm.limits.max_packs),
+            ("gitspout_admission_body_bytes", "Bytes of request bodies held against "
+             "--body-memory.", adm.body_bytes),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], value)

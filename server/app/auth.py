@@ -18,8 +18,11 @@ Passwords (or tokens: git sends either as the Basic password) are stored as bcry
 (``gitspout hash-password``). bcrypt is slow on purpose (about 0.2 s at cost 12), so a
 verified pair is remembered for ``CREDENTIAL_TTL`` seconds in a bounded cache keyed by an
 HMAC of the pair under a key drawn at start (no password is kept, even hashed with a known
-key); wrong pairs are remembered too, so that repeating one costs no bcrypt. The cache
-lookups are counted as ``gitspout_cache_lookups_total{cache="credentials"}``. Nothing here
+key); wrong pairs are remembered too, in a cache of their own, so that repeating one costs
+no bcrypt and random ones cannot push the right ones out. A right pair whose entry
+expired is still known as one (``was_right``): its new check goes first (authgate.py,
+where checks run and failed logins are limited). The cache lookups are counted as
+``gitspout_cache_lookups_total{cache="credentials"|"credentials_failed"}``. Nothing here
 logs a password, a hash or an Authorization header.
 
 The auth file (TOML)::
@@ -60,12 +63,14 @@ CREDENTIAL_ENTRIES = 4096
 
 
 class AuthDenied(Exception):
-    """401 (``challenge``: credentials needed or wrong) or 403 (a user not allowed)."""
+    """401 (``challenge``: credentials needed or wrong), 403 (a user not allowed) or 429
+    (too many failed logins: ``retry_after`` seconds)."""
 
-    def __init__(self, status: int, text: str) -> None:
+    def __init__(self, status: int, text: str, retry_after: int = 0) -> None:
         super().__init__(text)
         self.status = status
         self.text = text
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,12 @@ class Access:
         self._users = users
         self.rules = rules
         self._key = secrets.token_bytes(32)
-        self._checked = ByteLRU[tuple[str | None, float]](
+        # right pairs: (user, until); wrong ones: until. Apart, so that a flood of wrong
+        # ones cannot evict the right ones.
+        self._right = ByteLRU[tuple[str, float]](
             "credentials", CREDENTIAL_ENTRIES, unit="entries", entry_bytes=200)
+        self._wrong = ByteLRU[float]("credentials_failed", CREDENTIAL_ENTRIES, unit="entries",
+                                     entry_bytes=120)
         # The hash an unknown user is checked against: as slow as the users' own, so that
         # the time taken does not tell which user names exist.
         self._dummy = max(users.values(), default=b"")
@@ -125,12 +134,24 @@ class Access:
         pool does not hold up users already known); (False, None) when they must be
         checked (:meth:`user_for`). Raises AuthDenied as :meth:`user_for` does."""
         user, password = _credentials(authorization)
-        hit = self._checked.get(self._key_of(user, password))
-        if hit is None or hit[1] <= time.monotonic():
-            return False, None
-        if hit[0] != user:
+        key = self._key_of(user, password)
+        now = time.monotonic()
+        right = self._right.get(key)
+        if right is not None and right[1] > now:
+            return True, user
+        wrong = self._wrong.get(key)
+        if wrong is not None and wrong > now:
             raise AuthDenied(401, "wrong user name or password")
-        return True, user
+        return False, None
+
+    def was_right(self, authorization: str) -> bool:
+        """True when these credentials were right when last checked (their cache entry
+        may have expired: they are checked again, first)."""
+        try:
+            user, password = _credentials(authorization)
+        except AuthDenied:
+            return False
+        return self._key_of(user, password) in self._right
 
     def _key_of(self, user: str, password: str) -> bytes:
         name = user.encode()
@@ -140,9 +161,12 @@ class Access:
     def _verify(self, user: str, password: str) -> bool:
         key = self._key_of(user, password)
         now = time.monotonic()
-        hit = self._checked.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0] == user
+        right = self._right.get(key)
+        if right is not None and right[1] > now:
+            return True
+        wrong = self._wrong.get(key)
+        if wrong is not None and wrong > now:
+            return False
         import bcrypt  # the auth extra: only needed once an auth file is in use
 
         stored = self._users.get(user)
@@ -151,7 +175,11 @@ class Access:
             ok = bcrypt.checkpw(password.encode(), stored or self._dummy) and stored is not None
         except ValueError:  # no users at all, or a hash bcrypt cannot read
             ok = False
-        self._checked.put(key, (user if ok else None, now + CREDENTIAL_TTL))
+        if ok:
+            self._right.put(key, (user, now + CREDENTIAL_TTL))
+        else:
+            self._right.pop(key)
+            self._wrong.put(key, now + CREDENTIAL_TTL)
         return ok
 
     def decide(self, name: str | None, user: str | None) -> None:

@@ -8,10 +8,8 @@ import gc
 import getpass
 import logging
 import resource
-import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
@@ -23,8 +21,11 @@ from aiohttp import web
 from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
 from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
+from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
+from .logtext import install_escaping
 from .memory import fix_mmap_threshold
+from .signals import Signals, ignore_hangup
 
 __all__ = ["main", "serve", "StartupError"]
 
@@ -33,9 +34,10 @@ class StartupError(Exception):
     """The server cannot start (a port in use, an unknown host...): one line, no traceback."""
 
 log = logging.getLogger("gitspout")
-# Descriptors kept free of connections: pack files (one open descriptor per pack for the
-# life of the process), loose objects and ref files being read, the pool, logs, listeners.
-FD_HEADROOM = 128
+# Descriptors needed beside --max-open-packs and --max-connections: packs pinned by reads in
+# progress (a few per pool thread), loose objects and ref files being read, pack-cache
+# files, the pool, logs, listeners.
+FD_RESERVE = 128
 METRICS_CONNECTIONS = 16  # cap of the --metrics-port listener (Prometheus needs one or two)
 # How long a pool thread running Python (negotiation, framing ACK lines) may keep the GIL
 # while the event-loop thread waits for it; every hop of a request on the loop can wait this
@@ -52,15 +54,13 @@ GC_THRESHOLDS = (50_000, 20, 10)
 
 
 async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
-    """Run the server until SIGINT or SIGTERM."""
+    """Run the server until SIGINT, SIGTERM or SIGQUIT (signals.py)."""
     install_log_filter()
     # Signals first: a SIGTERM while the server starts drains it like any other (the
     # default action would kill it without removing its pack-cache directory).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    signals = Signals(asyncio.get_running_loop(), cfg)
     state = ServerState.create(cfg)
+    signals.state = state
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []
     guards: list[ConnectionGuard] = []
@@ -75,7 +75,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         limits = ConnectionLimits.from_config(cfg)
         guard = ConnectionGuard(limits, state.metrics.connections)
         guards.append(guard)
-        _warn_if_cap_exceeds_fd_limit(cfg.max_connections)
+        check_descriptor_limit(cfg.max_open_packs, cfg.max_connections)
         # A runner whose listen failed was cleaned up by _listen_or_explain.
         listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
                                                   **HANDLER_KWARGS))
@@ -97,12 +97,12 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         serving = True
         if ready is not None:
             ready.set()
-        await stop.wait()
+        await signals.stop.wait()
     finally:
         # A runner's cleanup closes the state (app on_cleanup); a runner whose listen
         # failed was cleaned up already. A start that failed has nothing to drain.
         if serving:
-            await _drain(state, listeners, runners, guards, cfg.drain_timeout)
+            await drain(state, listeners, runners, guards, cfg.drain_timeout, signals.now)
         else:
             for listener in listeners:
                 listener.close()
@@ -112,36 +112,6 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-
-
-async def _drain(state: ServerState, listeners: list[asyncio.Server],
-                 runners: list[web.AppRunner], guards: list[ConnectionGuard],
-                 timeout: float) -> None:
-    """Readiness fails at once, new connections are refused, idle ones closed; requests in
-    flight finish, for up to ``timeout`` seconds, before the pool is shut down.
-
-    aiohttp's shutdown waits ``timeout`` for a handler, then cancels it and waits as long
-    again: a handler blocked writing to a client that stopped reading ends only when its
-    connection does. So at the deadline every connection still open is aborted."""
-    if state.health is not None:
-        state.health.draining = True
-    for listener in listeners:
-        listener.close()  # stop accepting: a new connection is refused from now on
-    busy = state.in_flight
-    log.info("draining: %d requests in flight, up to %g s (drain-timeout)", busy, timeout)
-    start = time.monotonic()
-    loop = asyncio.get_running_loop()
-    def cut_all() -> None:
-        for guard in guards:
-            guard.abort_all()
-
-    cut = loop.call_later(timeout, cut_all)
-    try:
-        for r in runners:
-            await r.cleanup()  # waits for handlers (shutdown_timeout), then the pool closes
-    finally:
-        cut.cancel()
-    log.info("drained in %.1f s", time.monotonic() - start)
 
 
 async def _metrics_site(state: ServerState, cfg: Config,
@@ -173,14 +143,29 @@ async def _listen_or_explain(runner: web.BaseRunner, guard: ConnectionGuard, hos
         raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
-def _warn_if_cap_exceeds_fd_limit(cap: int) -> None:
-    """The cap only protects the server if accepting up to it leaves descriptors for packs,
-    repositories and the pool (FD_HEADROOM)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (not cap or cap + FD_HEADROOM > soft):
-        log.warning("max-connections %s with a descriptor limit of %d (ulimit -n) "
-                    "leaves fewer than %d descriptors for repositories: lower "
-                    "max-connections or raise the limit", cap or "off", soft, FD_HEADROOM)
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (containers often start with 1,024
+    soft over a much higher hard limit); the (soft, hard) limits then in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # RLIM_INFINITY past fs.nr_open: keep the soft one
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def check_descriptor_limit(max_open: int, max_connections: int) -> None:
+    """One warning when the descriptor limit cannot hold the pack budget, the connection cap
+    and FD_RESERVE: connections would then take the descriptors packs need (EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_open + max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and (not max_connections or need > soft):
+        log.warning("descriptor limit %d (ulimit -n; hard limit %s) cannot hold "
+                    "--max-open-packs %d + --max-connections %s + %d in reserve: lower "
+                    "them or raise the limit", soft,
+                    "unlimited" if hard == resource.RLIM_INFINITY else hard, max_open,
+                    max_connections or "0 (no cap)", FD_RESERVE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -219,6 +204,7 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    ignore_hangup()  # until the loop's handler reloads on it (signals.py)
     args = _parser().parse_args(argv)
     if args.command == "hash-password":
         return _hash_password()
@@ -229,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(message)s")
+    install_escaping(cfg.log_level)  # every text line escapes control characters
+    raise_descriptor_limit()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)

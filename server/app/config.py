@@ -81,12 +81,18 @@ class Config:
         metadata={"help": "TOML file of users (bcrypt hashes) and the repository globs each "
                           "may read (README \"Access control\"); unset: anonymous read"},
     )
+    auth_threads: int = field(
+        default=1,
+        metadata={"help": "threads that check passwords (bcrypt), apart from the pool that "
+                          "serves repositories"},
+    )
     metrics_repos: str = field(
         default="", metadata={"help": "comma-separated repositories that get a repo label"}
     )
-    # Connection limits (server/connections.py). Only the phases in which the server waits
-    # for the client to *send* are timed; a client slowly receiving a pack is governed by
-    # backpressure, never by these. 0 turns a timeout (or the cap) off.
+    # Connection limits (server/connections.py). The phases in which the server waits for
+    # the client to *send* are timed; a client slowly receiving a pack is governed by
+    # backpressure, and cut only when it stops or crawls (sendwatch.py: send_timeout,
+    # send_min_rate). 0 turns a timeout (or the cap) off.
     header_timeout: float = field(
         default=20.0,
         metadata={"help": "seconds from a connection's opening, or from the first byte of a "
@@ -98,7 +104,19 @@ class Config:
     )
     body_min_rate: int = field(
         default=1024,
-        metadata={"help": "bytes/s a request body must average once body-timeout has passed"},
+        metadata={"help": "bytes/s a request body must bring over its last body-timeout "
+                          "seconds, once it has been read that long"},
+    )
+    send_timeout: float = field(
+        default=60.0,
+        metadata={"help": "seconds a response may wait with no byte taken by its client "
+                          "before it is cut (its pack slot released); 0 turns this and "
+                          "send-min-rate off"},
+    )
+    send_min_rate: int = field(
+        default=1024,
+        metadata={"help": "bytes/s a client must take, over the last send-timeout seconds "
+                          "in which data waited for it, once it has waited that long"},
     )
     idle_timeout: float = field(
         default=75.0,
@@ -167,7 +185,8 @@ class Config:
     body_memory: int = field(
         default=256 << 20,
         metadata={"help": "bytes of request bodies (as received, then inflated) held at "
-                          "once over all requests; a request past it gets 503 with "
+                          "once over all requests, beyond the first 64 KiB of each (ref "
+                          "listings and small fetches pass); a request past it gets 503 with "
                           "Retry-After; 0 turns the cap off; suffixes KiB, MiB, GiB "
                           "accepted", "size": True},
     )
@@ -181,9 +200,10 @@ class Config:
     # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
     drain_timeout: float = field(
         default=30.0,
-        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish "
-                          "(new connections are refused at once); then they are cut and "
-                          "the process exits 0"},
+        metadata={"help": "seconds that requests in flight at SIGTERM may take to finish, "
+                          "and what they wrote to leave the kernel's send buffers (new "
+                          "connections are refused at once); then they are cut and the "
+                          "process exits 0"},
     )
     ready_check_interval: float = field(
         default=2.0,
@@ -345,16 +365,17 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"metrics_port {cfg.metrics_port} is out of range")
     if not math.isfinite(cfg.keepalive) or cfg.keepalive <= 0:
         raise ConfigError("keepalive must be a number of seconds above 0")
-    if cfg.threads < 1:
-        raise ConfigError("threads must be at least 1")
+    if cfg.threads < 1 or cfg.auth_threads < 1:
+        raise ConfigError("threads and auth_threads must be at least 1")
     if cfg.threads_per_repo < 0:
         raise ConfigError("threads_per_repo must be 0 or more")
-    for name in ("header_timeout", "body_timeout", "idle_timeout"):
+    for name in ("header_timeout", "body_timeout", "idle_timeout", "send_timeout"):
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a number of seconds, 0 or more (0 turns it off)")
-    if cfg.body_min_rate < 0:
-        raise ConfigError("body_min_rate must be 0 or more bytes per second (0 turns it off)")
+    if cfg.body_min_rate < 0 or cfg.send_min_rate < 0:
+        raise ConfigError("body_min_rate and send_min_rate must be 0 or more bytes per second "
+                          "(0 turns it off)")
     if cfg.cold_walk_pack_entries < 0:
         raise ConfigError("cold_walk_pack_entries must be 0 or more")
     if cfg.max_open_packs < 2:

@@ -10,8 +10,10 @@ connection here is in one of two states:
   first head within ``header_timeout`` of opening; a kept-alive one gets ``idle_timeout``
   for the first byte of its next request and then ``header_timeout`` from that byte.
 - *busy*: a request head arrived and its handler runs. No connection timer runs: the
-  handler's body reader applies the body deadlines (server/httpreq.py) and a client that
-  is slowly *receiving* a response is held back by backpressure, which is never timed.
+  handler's body reader applies the body deadlines (server/httpreq.py), and a client that
+  is slowly *receiving* a response is held back by backpressure, and cut only when it
+  stops taking bytes or takes them too slowly (sendwatch.py: ``--send-timeout``,
+  ``--send-min-rate``).
 
 At ``max_connections`` a new connection closes the connection that has been waiting the
 longest (an idle keep-alive, or a head that never completed) and takes its place; if every
@@ -39,6 +41,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from .config import Config
 from .metrics import ConnectionStats
+from .sendwatch import SendLimits, SendWatch
 
 __all__ = ["ConnectionLimits", "ConnectionGuard", "GuardedHandler", "listen",
            "OneLineBadRequests", "install_log_filter", "describe_bad_request"]
@@ -62,10 +65,12 @@ class ConnectionLimits:
     header_timeout: float = 20.0
     idle_timeout: float = 75.0
     max_connections: int = 512
+    send: SendLimits = SendLimits()
 
     @classmethod
     def from_config(cls, cfg: Config) -> ConnectionLimits:
-        return cls(cfg.header_timeout, cfg.idle_timeout, cfg.max_connections)
+        return cls(cfg.header_timeout, cfg.idle_timeout, cfg.max_connections,
+                   SendLimits.from_config(cfg))
 
 
 class ConnectionGuard:
@@ -162,6 +167,7 @@ class GuardedHandler(RequestHandler):
         self._head_started: float | None = None  # first byte of a head not yet complete
         self._payload: Any = None  # body stream of the latest request head
         self._timer: asyncio.TimerHandle | None = None
+        self._send_watch: SendWatch | None = None  # while a handler writes (sendwatch.py)
 
     # -- aiohttp hooks -------------------------------------------------------------------
 
@@ -205,9 +211,16 @@ class GuardedHandler(RequestHandler):
     async def _handle_request(self, request: Any, start_time: Any,
                               request_handler: Any) -> Any:
         self._set_busy()
+        send = self._guard.limits.send
+        if send.timeout and self.transport is not None:
+            self._send_watch = SendWatch(self._loop, send, self.transport, request.writer,
+                                         self._send_cut)
         try:
             return await super()._handle_request(request, start_time, request_handler)
         finally:
+            if self._send_watch is not None:
+                self._send_watch.stop()
+                self._send_watch = None
             if not self._messages:  # nothing pipelined behind it: wait for the client
                 self._idle_since = self._loop.time()
                 if self._head_started is not None:  # part of a head came while busy
@@ -290,6 +303,14 @@ class GuardedHandler(RequestHandler):
         self._guard.stats.timeouts[kind] += 1
         log.debug("closed a connection: %s timeout", kind)
         self.force_close()
+
+    def _send_cut(self, kind: str) -> None:
+        """The response stopped moving (``send``) or crawled (``send_rate``): abort the
+        connection, so that the handler's write fails and it gives back what it holds."""
+        self._guard.stats.timeouts[kind] += 1
+        log.debug("cut a response: %s timeout", kind)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -39,6 +39,7 @@ from ..store.odb import PackRegistry
 from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .admission import Admission, AdmissionLimits, Overloaded
 from .auth import Access, AuthDenied, load_access, repo_name
+from .authgate import AuthBusy, GateCollector, PasswordGate
 from .config import Config
 from .connections import GuardedHandler
 from .errors import INTERNAL_ERROR, answer_for
@@ -102,6 +103,7 @@ class ServerState:
         default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
     sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
     access: Access | None = None  # --auth-file (auth.py); None: anonymous read
+    gate: PasswordGate | None = None  # where password checks run (authgate.py)
     pack_cache: PackCache | None = None  # --pack-cache-size 0: none
     health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
     in_flight: int = 0  # git requests being served (the gauge, readable)
@@ -127,6 +129,8 @@ class ServerState:
         state.namespaces = NamespaceMap.parse(cfg.namespaces)
         if cfg.auth_file:
             state.access = load_access(cfg.auth_file)
+            state.gate = PasswordGate(state.access, cfg.auth_threads)
+            state.metrics.registry.register(GateCollector(state.gate))
         MEMORY.limit = cfg.cache_memory  # every cross-request cache, together
         INFLATE.limit = cfg.inflate_memory  # large objects held whole, together
         state.metrics.caches.budget = MEMORY
@@ -257,9 +261,13 @@ async def _service_refusal(state: ServerState, ctx: RequestContext) -> web.Respo
 
 async def _resolve(state: ServerState, repo_path: str) -> Repo:
     """The repository: from the resolver's memory, or found on disk in the pool (the first
-    time it is asked for: realpath and stats must not block the event loop)."""
+    time it is asked for: realpath and stats must not block the event loop), queued under
+    its own path: behind no other repository's work, no sweep, no password check."""
     repo = state.resolver.cached(repo_path)
-    return repo if repo is not None else await state.run(state.resolver.resolve, repo_path)
+    if repo is not None:
+        return repo
+    return await asyncio.wrap_future(
+        state.pool.submit_for(("resolve", repo_path), state.resolver.resolve, repo_path))
 
 
 async def handle_info_refs(state: ServerState, request: web.Request, repo_path: str,
@@ -624,6 +632,10 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         # aiohttp treats a premature disconnection (no 500, no traceback).
         log.debug("client went away: %s %s", request.method, request.path)
         raise asyncio.CancelledError() from None
+    except AuthBusy as exc:  # too many password checks waiting (authgate.py)
+        resp = text_response(503, "gitspout: server busy (password checks); retry later")
+        resp.headers["Retry-After"] = str(exc.retry_after)
+        return resp
     except Overloaded as exc:  # load, not a fault: 503 before any pack byte (admission.py)
         resp = text_response(503, exc.text)
         resp.headers["Retry-After"] = str(exc.retry_after)
@@ -645,6 +657,8 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
         resp = text_response(answer.status, answer.text)
         if isinstance(exc, AuthDenied) and exc.status == 401 and state.access is not None:
             resp.headers["WWW-Authenticate"] = state.access.challenge  # git asks its helper
+        if isinstance(exc, AuthDenied) and exc.retry_after:
+            resp.headers["Retry-After"] = str(exc.retry_after)
         if isinstance(exc, BodyTimeout):
             state.metrics.connections.timeouts["body"] += 1
             _close_at_once(request, resp)
@@ -656,15 +670,13 @@ async def _dispatch(state: ServerState, request: web.Request, rec: RequestRecord
 async def _authorize(state: ServerState, request: web.Request, repo_path: str) -> None:
     """With --auth-file, before anything is read: the credentials (bcrypt, in the pool),
     then the rule of the repository's real path (auth.py). Raises AuthDenied."""
-    access = state.access
-    if access is None:
+    access, gate = state.access, state.gate
+    if access is None or gate is None:
         return
     header = request.headers.get("Authorization")
     user = None
-    if header:
-        known, user = access.known_user(header)  # checked lately: no bcrypt, no pool
-        if not known:
-            user = await state.run(access.user_for, header)
+    if header:  # checked lately: no bcrypt; else in the gate's own threads (authgate.py)
+        user = await gate.user_for(header, request.remote)
     try:
         repo = await _resolve(state, repo_path)
     except RepoNotFound:
@@ -694,5 +706,7 @@ async def _stop_sweeper(state: ServerState) -> None:
 
 async def _close_pool(state: ServerState) -> None:
     state.pool.shutdown(wait=False, cancel_futures=True)
+    if state.gate is not None:
+        state.gate.close()
     if state.pack_cache is not None:
         state.pack_cache.close()

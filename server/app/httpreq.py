@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +63,13 @@ class BodyLimits:
     """Caps and deadlines for reading one request body (0 turns a deadline off).
 
     ``timeout`` is the longest wait for the next bytes. ``min_rate`` stops a body that keeps
-    trickling (a byte now and then never trips ``timeout``): reading must be done by
-    ``start + timeout + received / min_rate``, so a body that arrives at ``min_rate`` or
-    faster is never cut, however large, and one at a byte a second ends after ``timeout``.
+    trickling (a byte now and then never trips ``timeout``): once the body has been read
+    for ``timeout`` seconds, its last ``timeout`` seconds must have brought ``min_rate *
+    timeout`` bytes. Measured over that recent window only, never credited by bytes that
+    came before: a deadline of ``start + timeout + received / min_rate`` let a body send
+    32 MiB at once and then a byte every 25 s for 9 hours, holding its share of
+    ``--body-memory`` all along. A body that arrives at ``min_rate`` or faster is never
+    cut, however large.
     """
 
     max_body: int
@@ -129,7 +134,7 @@ async def _read_parts(content: StreamReader, limits: BodyLimits,
     """The body as sent, in the pieces it arrived in; :class:`BodyTimeout` if it stalls or
     trickles (see :class:`BodyLimits`)."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    rate = _RecentRate(loop.time(), limits)
     parts: list[bytes] = []
     raw = 0
     while True:
@@ -138,11 +143,11 @@ async def _read_parts(content: StreamReader, limits: BodyLimits,
         if limits.timeout:
             wait = limits.timeout
             if limits.min_rate:
-                by_rate = start + limits.timeout + raw / limits.min_rate - loop.time()
+                by_rate = rate.deadline(raw) - loop.time()
                 if by_rate < wait:
                     wait, stalled = by_rate, raw == 0  # nothing yet: it is a stall
             if wait <= 0:
-                raise BodyTimeout(f"request body too slow: under {limits.min_rate} bytes/s")
+                raise BodyTimeout(rate.too_slow())
         try:
             async with asyncio.timeout(wait):
                 chunk = await content.readany()
@@ -150,15 +155,52 @@ async def _read_parts(content: StreamReader, limits: BodyLimits,
             if stalled:
                 raise BodyTimeout(
                     f"request body stalled: no data for {limits.timeout:g} s") from None
-            raise BodyTimeout(f"request body too slow: under {limits.min_rate} bytes/s") from None
+            raise BodyTimeout(rate.too_slow()) from None
         if not chunk:
             return parts
         raw += len(chunk)
+        rate.mark(loop.time(), raw)
         if raw > limits.max_body:
             raise HttpError(413, f"request body larger than {limits.max_body} bytes")
         if take is not None:
             take(len(chunk))
         parts.append(chunk)
+
+
+class _RecentRate:
+    """When a body falls under ``min_rate`` over its last ``timeout`` seconds (after its
+    first ``timeout`` seconds), if no more bytes come: from the times at which it reached
+    each total so far (only those that can still decide are kept)."""
+
+    def __init__(self, start: float, limits: BodyLimits) -> None:
+        self.limits = limits
+        self.grace_end = start + limits.timeout
+        self.marks: deque[tuple[float, int]] = deque()  # (time, bytes received by then)
+        self._slot = -1
+
+    def mark(self, now: float, raw: int) -> None:
+        marks = self.marks
+        slot = int(now * 20)  # arrivals within one 50 ms slot make one mark: at most 20
+        if marks and self._slot == slot:  # a second per second of window
+            marks.pop()
+        self._slot = slot
+        marks.append((now, raw))
+
+    def deadline(self, raw: int) -> float:
+        """The window ending at ``t`` holds ``raw - (bytes by t - timeout)``: it falls
+        under the minimum once ``t - timeout`` passes the first mark above ``raw - need``."""
+        need = self.limits.min_rate * self.limits.timeout
+        floor = raw - need
+        marks = self.marks
+        while marks and marks[0][1] <= floor:
+            marks.popleft()  # below every later floor too: it can never decide again
+        if floor < 0 or not marks:
+            return self.grace_end
+        return max(self.grace_end, marks[0][0] + self.limits.timeout)
+
+    def too_slow(self) -> str:
+        return (f"request body too slow: under {self.limits.min_rate} bytes/s over "
+                f"{self.limits.timeout:g} s")
 
 
 def decode_body(parts: list[bytes], gzip: bool, limits: BodyLimits) -> bytes:

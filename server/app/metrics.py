@@ -109,7 +109,7 @@ class _PoolCollector:
             yield fam
 
 
-TIMEOUT_KINDS = ("header", "body", "idle")
+TIMEOUT_KINDS = ("header", "body", "idle", "send", "send_rate")
 
 
 @dataclass
@@ -148,8 +148,9 @@ class _ConnectionCollector:
             yield fam
         timeouts = CounterMetricFamily(
             "gitspout_connection_timeouts",
-            "Connections closed because the client did not send in time, by phase "
-            "(header, body, idle keep-alive).", labels=["kind"])
+            "Connections closed because the client did not send (or take) in time, by phase "
+            "(header, body, idle keep-alive; send: a response that made no progress, "
+            "send_rate: one under --send-min-rate).", labels=["kind"])
         for kind, value in st.timeouts.items():
             timeouts.add_metric([kind], value)
         yield timeouts

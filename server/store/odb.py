@@ -10,6 +10,7 @@ request needs rescans ``objects/pack`` at most once per request.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 import zlib
@@ -20,17 +21,24 @@ from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph
 from .errors import StorageError
-from .faults import report_unusable
+from .faults import FAULTS, report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .objformat import EMPTY_TREE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
 from .packs import EntryHeader, PackFile, PackFormatError, Windows
-from .registry import LOOSE_ID_COST, Leased, PackRegistry
+from .registry import LOOSE_ID_COST, Leased, PackRegistry, out_of_descriptors
 
 __all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
 
+log = logging.getLogger("gitspout")
+
 _MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
+MANY_PACKS = 16  # from this many packs on, lookups try the pack of the last hit first
+# Object directories one request reads at most, its own included. C git reads any number;
+# each costs a listing and its packs on every request, and an alternates file is
+# whatever its writer put there.
+MAX_OBJECT_DIRS = 32
 _HEX = "0123456789abcdef"
 _FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
 _FANOUT_NAMES = [f"{i:02x}" for i in range(256)]  # a first byte -> its fan-out directory
@@ -77,6 +85,7 @@ class ObjectSnapshot:
         fs: FsOps,
         _depth: int = 0,
         dirs: DirCache | None = None,
+        _seen: set[str] | None = None,
     ) -> None:
         self.objects_dir = objects_dir
         self.hash_len = hash_len
@@ -91,14 +100,24 @@ class ObjectSnapshot:
         self._info_listing: Listing | None = None
         self._graph: CommitGraph | None | bool = False
         self.packs: list[PackFile] = []
+        self._last_pack: PackFile | None = None  # with MANY_PACKS: the last hit's pack
         self.windows = Windows()  # of the packs, for reading many small entries
         self.broken: list[PackFormatError] = []  # packs listed that cannot be read
         # Every pack and graph this snapshot froze, leased until close() (registry.py).
         self._leases: list[Leased] = []
         self._finalizer = weakref.finalize(self, registry.release_later, self._leases)
         self.alternates: list[ObjectSnapshot] = []
-        self._scan_packs()
-        self.alternates = self._load_alternates(_depth)
+        try:
+            self._scan_packs()
+            # Real paths of the object directories this request reads so far: its own
+            # first (C git's alt_odb_usable skips it and any directory seen already).
+            seen = _seen if _seen is not None else {os.path.realpath(objects_dir)}
+            self.alternates = self._load_alternates(_depth, seen)
+        except BaseException:
+            # Whatever failed (EMFILE included), what was taken is given back now, not
+            # when a traceback holding this half-made snapshot is collected.
+            self.close()
+            raise
 
     def close(self) -> None:
         """End of the request: give back the leases on packs and commit-graph (also those
@@ -144,20 +163,23 @@ class ObjectSnapshot:
                 packs.append(pack)
             except FileNotFoundError:
                 continue  # removed between listing and opening: a repack is under way
+            except OSError as exc:
+                if out_of_descriptors(exc):
+                    raise  # not the pack's fault: the request fails, the next one works
+                broken.append(_unopenable(stem, exc))
+                report_unusable("io", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
             except PackFormatError as exc:
                 broken.append(exc)  # skipped, but a needed object missing then names it
                 report_unusable(exc.kind, os.path.join(pack_dir, stem), key, exc, _SKIPPED)
-            except (ValueError, OSError) as exc:  # an empty or unreadable file
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                broken.append(PackFormatError(f"{stem}.pack: cannot open: {why}",
-                                              pack=stem + ".pack"))
-                report_unusable("io" if isinstance(exc, OSError) else "pack",
-                                os.path.join(pack_dir, stem), key, exc, _SKIPPED)
+            except ValueError as exc:  # an empty file (mmap of nothing)
+                broken.append(_unopenable(stem, exc))
+                report_unusable("pack", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
         self.broken = broken
         self.registry.forget_missing(live, pack_dir)
         # Largest packs first: most lookups hit the main pack.
         packs.sort(key=lambda p: p.count, reverse=True)
         self.packs = packs
+        self._last_pack = None
 
     def commit_graph(self) -> CommitGraph | None:
         """The commit-graph of this object directory, by the inode ``objects/info`` lists."""
@@ -202,7 +224,11 @@ class ObjectSnapshot:
         self._loose_fresh = True
         self._scan_packs(fresh=True)
 
-    def _load_alternates(self, depth: int) -> list[ObjectSnapshot]:
+    def _load_alternates(self, depth: int, seen: set[str]) -> list[ObjectSnapshot]:
+        """The alternates as C git links them (object-file.c ``link_alt_odb_entry``): each
+        real path once per request, the repository's own objects directory never, depth
+        first, at most :data:`MAX_OBJECT_DIRS` directories in all. A file naming its own
+        directory 12 times used to cost 12 + 12^2 + ... + 12^5 snapshots per request."""
         if depth >= _MAX_ALTERNATE_DEPTH:
             return []
         entry = self._info().get("alternates")
@@ -215,11 +241,24 @@ class ObjectSnapshot:
             return []
         alts = []
         for line, path in self._alternate_paths(data):
+            if path in seen:
+                continue
+            if len(seen) >= MAX_OBJECT_DIRS:
+                self._too_many(line, data)
+                break
             if self.dirs.guard is not None:
                 self.dirs.guard.check_real(f"{self.objects_dir}/info/alternates: {line}", path)
+            seen.add(path)
             alts.append(ObjectSnapshot(path, self.hash_len, self.registry, self.fs, depth + 1,
-                                       self.dirs))
+                                       self.dirs, seen))
         return alts
+
+    def _too_many(self, line: str, data: bytes) -> None:
+        """One line per alternates file version, not one per request."""
+        if FAULTS.first_report(("alternates-cap", self.objects_dir, data)):
+            log.warning("%s/info/alternates: more than %d object directories in all; "
+                        "ignoring %s and the entries after it", self.objects_dir,
+                        MAX_OBJECT_DIRS, line)
 
     def _alternate_paths(self, data: bytes) -> tuple[tuple[str, str], ...]:
         """(line, real path) of each object directory ``data`` (the alternates file) names.
@@ -291,9 +330,19 @@ class ObjectSnapshot:
     # -- lookups -----------------------------------------------------------------
 
     def _find_local(self, oid: bytes) -> PackedLocation | str | None:
+        last = self._last_pack
+        if last is not None:
+            # Many packs: the pack of the last hit first, as C git's packed_git_mru (a
+            # commit's tree and blobs came with it, in the same push's pack). A hint:
+            # any copy of an object is the object.
+            pos = last.find(oid)
+            if pos >= 0:
+                return PackedLocation(last, pos, last.offset_at(pos))
         for pack in self.packs:
             pos = pack.find(oid)
             if pos >= 0:
+                if len(self.packs) >= MANY_PACKS:
+                    self._last_pack = pack
                 return PackedLocation(pack, pos, pack.offset_at(pos))
         if oid and oid in self._loose_ids(oid[0]):
             return self._loose_path(oid)
@@ -495,6 +544,11 @@ class ObjectSnapshot:
             else:
                 return hdr.type_num  # type: ignore[attr-defined,no-any-return]
         raise ObjectStoreError("delta chain too long")
+
+
+def _unopenable(stem: str, exc: Exception) -> PackFormatError:
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return PackFormatError(f"{stem}.pack: cannot open: {why}", pack=stem + ".pack")
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:

@@ -16,7 +16,9 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,7 +30,7 @@ from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES, trailer_matches
 from .packscan import base_ranks_of
 
 __all__ = ["PackFile", "PackFormatError", "Windows", "EntryHeader", "parse_entry_header",
-           "encode_entry_header", "as_array"]
+           "encode_entry_header", "as_array", "close_files"]
 
 _IDX_MAGIC = b"\377tOc"
 _HEADER_READ = 64  # enough for any entry header: type/size varint + OFS varint or REF id
@@ -169,6 +171,13 @@ class _LazyBaseRanks(Sequence[int]):
         return self._pack.count
 
 
+def close_files(files: tuple[int, mmap.mmap]) -> None:
+    """Close what :meth:`PackFile.detach` took away from a pack."""
+    fd, idx = files
+    os.close(fd)
+    idx.close()
+
+
 class Windows:
     """One request's aligned windows of the packs it reads entries from (``WINDOWS`` of
     ``WINDOW`` bytes at most, the oldest dropped first): many small entries, one read."""
@@ -184,7 +193,7 @@ class Windows:
         if win is None:
             if len(self._held) >= WINDOWS:
                 del self._held[next(iter(self._held))]
-            win = self._held[key] = os.pread(pack.fd, WINDOW, at)
+            win = self._held[key] = pack.read_raw(at, at + WINDOW)
         return win
 
 
@@ -195,8 +204,22 @@ class PackFile:
     FileNotFoundError, as a file already gone does (ARCHITECTURE.md I1).
 
     The :class:`~.registry.PackRegistry` owns its life: ``leases`` counts the requests
-    that froze it, and it is closed only when none does (``retired`` once its directory
-    stopped listing it; or to stay within ``--max-open-packs``)."""
+    that froze it; ``retired`` once its directory stopped listing it (then it is closed
+    once no request holds it). Its files (the ``.pack`` descriptor and the ``.idx`` map)
+    are opened on demand, by name and inode, and may be closed between two reads to stay
+    within ``--max-open-packs``, leased or not, as C git closes pack descriptors past its
+    limit: a request of a repository with thousands of packs then needs a few
+    descriptors, not two per pack. Every read *pins* the files (:meth:`_pin`) for its
+    duration, and a pinned pack is never closed: a descriptor number is never used after
+    it was closed (it may name another file by then).
+
+    A pin costs no lock (a read of an index entry is a microsecond; two locks per read
+    made lookups twice as slow). It rests on what CPython's GIL makes atomic: a
+    ``deque.append``/``pop`` and one attribute load or store. A reader appends its pin,
+    *then* loads ``_files``; :meth:`detach` (under ``_io``) takes ``_files`` away only if
+    no pin is there, and puts it back if a pin came meanwhile. Either the detacher sees
+    the reader's pin, or the reader sees ``None`` and opens the files again under
+    ``_io``."""
 
     HANDLES = 2  # the .pack descriptor and the .idx map
 
@@ -208,7 +231,6 @@ class PackFile:
         self.key = key
         self.leases = 0  # guarded by the registry's lock
         self.retired = False
-        self.handles = self.HANDLES
         self._lock = threading.RLock()
         # Data computed from the files (name prefixes, reverse index, base ranks, bitmaps):
         # kept in ``extra`` while the cache below keeps it too (--cache-memory), which
@@ -217,27 +239,134 @@ class PackFile:
         self.data_cache: ByteLRU[tuple[object]] | None = None
         self.unkept: set[str] = set()
         # ``verify`` is False for symlinked files, whose listed inode is the link's.
-        want_idx, want_pack = (key[2], key[3]) if verify and len(key) == 4 else (None, None)
-        self._idx = self._map_index(base + ".idx", want_idx)
-        self.fd = os.open(base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(self.fd)
-            if want_pack is not None and st.st_ino != want_pack:
-                raise _replaced(base + ".pack")
-            self.pack_size = st.st_size
-            self._check_pack_header()
-        except BaseException:
-            # -1 first: __del__ must not close the number again, once another file has it.
-            fd, self.fd = self.fd, -1
-            os.close(fd)
-            self._idx.close()
-            raise
+        self._want = (key[2], key[3]) if verify and len(key) == 4 else (None, None)
+        # The open files, (pack descriptor, index map), or None: set and taken under
+        # ``_io``; the reads in progress (one item each: see the class docstring), and
+        # whether a caller holds the raw descriptor (``fd``: pinned until no lease is left).
+        self._io = threading.Lock()
+        self._pins: deque[None] = deque()
+        self._raw = False
+        self._files: tuple[int, mmap.mmap] | None = None
+        # Told (outside ``_io``) when the files were opened again: the registry counts them;
+        # asked to close what nobody reads when the process is out of descriptors.
+        self.on_open: Callable[[PackFile], None] | None = None
+        self.on_exhausted: Callable[[], None] | None = None
+        self.reopened = 0
+        self.pack_size = -1
+        self._open_files()
         self._sorted_offsets: array | None = None
         self._pack_order: array | None = None
         self._rank_of: array | None = None
         self._prefixes: array | None = None
         self._bisections: int | None = None  # lookups left before the prefixes pay (find)
         self.extra: dict[str, object] = {}  # lazily computed per-pack data (bitmaps, ...)
+
+    # -- open files --------------------------------------------------------------
+
+    def _open_files(self) -> tuple[int, mmap.mmap]:
+        """Map the index and open the pack (under ``_io``, or before anyone else sees this
+        object), checking that both are the files the listing named; a reopen also checks
+        that the pack has the size it had."""
+        want_idx, want_pack = self._want
+        idx = self._map_index(self.base + ".idx", want_idx)
+        fd = -1
+        try:
+            fd = os.open(self.base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if want_pack is not None and st.st_ino != want_pack:
+                raise _replaced(self.base + ".pack")
+            if self.pack_size >= 0 and st.st_size != self.pack_size:
+                raise _replaced(self.base + ".pack")
+            self.pack_size = st.st_size
+            self._checksum = idx[len(idx) - 2 * self.hash_len : len(idx) - self.hash_len]
+            self._check_pack_header(fd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            idx.close()
+            raise
+        self._files = (fd, idx)
+        return fd, idx
+
+    def _pin(self) -> tuple[int, mmap.mmap]:
+        """Hold the files open for one read (opening them again if they were closed) and
+        return them; :meth:`_unpin` after it, whatever happens. Opening may raise OSError
+        (FileNotFoundError when the pack was replaced since it was listed)."""
+        self._pins.append(None)  # first the pin, then the look (class docstring)
+        files = self._files
+        return files if files is not None else self._reopen()
+
+    def _unpin(self) -> None:
+        self._pins.pop()
+
+    def _reopen(self) -> tuple[int, mmap.mmap]:
+        """The files, opened again under ``_io`` (the caller's pin is in); out of
+        descriptors, the registry is asked to close what nobody reads, once."""
+        for attempt in (1, 2):
+            try:
+                with self._io:
+                    held = self._files
+                    if held is not None:
+                        return held  # opened, or put back, meanwhile
+                    files = self._open_files()
+                    self.reopened += 1
+                break
+            except OSError as exc:
+                if attempt == 2 or exc.errno not in (errno.EMFILE, errno.ENFILE) \
+                        or self.on_exhausted is None:
+                    raise
+                self.on_exhausted()
+        if self.on_open is not None:
+            self.on_open(self)
+        return files
+
+    @contextmanager
+    def pinned(self) -> Iterator[tuple[int, mmap.mmap]]:
+        """The files held open for the block (:meth:`_pin`)."""
+        try:
+            yield self._pin()
+        finally:
+            self._unpin()
+
+    @property
+    def fd(self) -> int:
+        """The ``.pack`` descriptor, for a caller that reads it itself (a whole pack sent
+        as it is): the files then stay open until no request leases this pack any more
+        (the registry calls :meth:`drop_raw`)."""
+        with self.pinned():
+            with self._io:
+                self._raw = True
+                files = self._files
+                assert files is not None  # pinned: nobody took them away
+                return files[0]
+
+    def drop_raw(self) -> None:
+        """No lease is left: nobody holds the raw descriptor any more."""
+        with self._io:
+            self._raw = False
+
+    @property
+    def handles(self) -> int:
+        """Descriptors (and maps) held now: 2 while open, 0 once closed."""
+        return self.HANDLES if self._files is not None else 0
+
+    def detach(self) -> tuple[int, mmap.mmap] | None:
+        """Close the files if nobody reads them now (never blocks: None when busy, pinned
+        or closed already). Returns what to close, outside any lock (:func:`close_files`);
+        the next read opens them again."""
+        if not self._io.acquire(blocking=False):
+            return None
+        try:
+            files = self._files
+            if self._pins or self._raw or files is None:
+                return None
+            self._files = None
+            if self._pins:  # a read pinned them meanwhile: it may hold them, put back
+                self._files = files
+                return None
+        finally:
+            self._io.release()
+        return files
 
     # -- index ----------------------------------------------------------------
 
@@ -276,7 +405,8 @@ class PackFile:
 
     @property
     def index_size(self) -> int:
-        return len(self._idx)
+        with self.pinned() as (_fd, idx):
+            return len(idx)
 
     def verify_index(self) -> None:
         """Compare the index's trailing checksum with its contents, once per file version
@@ -284,20 +414,22 @@ class PackFile:
         would send the wrong entries under the right names. About 1 ms per MB of index,
         as much as the name prefixes the first lookup reads anyway."""
         def compute() -> tuple[bool, int]:
-            if not trailer_matches(self._idx, self.hash_len):
-                raise self.corrupt("index checksum does not match its contents", ".idx")
+            with self.pinned() as (_fd, idx):
+                if not trailer_matches(idx, self.hash_len):
+                    raise self.corrupt("index checksum does not match its contents", ".idx")
             return True, 0
 
         self.derived("verified", compute)
 
-    def _check_pack_header(self) -> None:
+    def _check_pack_header(self, fd: int) -> None:
         """The pack must start with its header and end with the checksum its index
-        records: a truncated or foreign pack is never served (two small reads, once)."""
-        head = os.pread(self.fd, 12, 0)
+        records: a truncated or foreign pack is never served (two small reads, at each
+        open)."""
+        head = os.pread(fd, 12, 0)
         if head[:4] != b"PACK" or struct.unpack(">I", head[8:12])[0] != self.count:
             raise self.corrupt("header does not match its index")
         h = self.hash_len
-        if self.pack_size < 12 + h or os.pread(self.fd, h, self.pack_size - h) != self.pack_checksum():
+        if self.pack_size < 12 + h or os.pread(fd, h, self.pack_size - h) != self._checksum:
             raise self.corrupt("trailer does not match its index (truncated?)")
 
     def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError:
@@ -308,17 +440,18 @@ class PackFile:
                                kind=suffix.lstrip("."))
 
     def close(self) -> None:
-        """Release the descriptor and the map. Only the registry calls this, once no
-        request holds a lease (``__del__`` is a last resort for packs opened outside one)."""
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-        if not self._idx.closed:
-            self._idx.close()
+        """Release the descriptor and the map whoever holds them. Only the registry calls
+        this, once no request holds a lease (``__del__`` is a last resort for packs opened
+        outside one)."""
+        with self._io:
+            files, self._files = self._files, None
+            self._raw = False
+        if files is not None:
+            close_files(files)
 
     @property
     def closed(self) -> bool:
-        return self.fd < 0
+        return self._files is None
 
     def files(self) -> tuple[tuple[str, object], ...]:
         """(path, inode) of the files this object holds open, for the registry's sweep."""
@@ -375,16 +508,25 @@ class PackFile:
             self.forget_derived(kind)
         self.unkept.clear()
 
+    def drop_derived(self) -> None:
+        """Closed and kept only for its facts (registry ``pack_files``): its derived data
+        is held by the shared cache alone, which may then let it go."""
+        for kind in list(self.extra):
+            self.forget_derived(kind)
+        self.unkept.clear()
+        self._bisections = None
+
     def _load_prefixes(self) -> array:
         """The first 4 bytes of every name as integers, for C-speed bisection. Taken as a
         strided view of the mapped index, so no per-object Python step and no copy of the
         whole name table."""
         def compute() -> tuple[array, int]:
             h, base, n = self.hash_len, self._names_at, self.count
-            words = memoryview(self._idx)[base : base + n * h].cast("I")
-            prefixes = array("I")
-            prefixes.frombytes(words[:: h // 4].tobytes())
-            words.release()
+            with self.pinned() as (_fd, idx):
+                words = memoryview(idx)[base : base + n * h].cast("I")
+                prefixes = array("I")
+                prefixes.frombytes(words[:: h // 4].tobytes())
+                words.release()
             if sys.byteorder == "little":
                 prefixes.byteswap()
             return prefixes, 4 * n
@@ -414,12 +556,18 @@ class PackFile:
         hi = self.fanout[first]
         key = int.from_bytes(oid[:4], "big")
         i = bisect_left(prefixes, key, lo, hi)
-        idx, h, base = self._idx, self.hash_len, self._names_at
-        while i < hi and prefixes[i] == key:
-            at = base + i * h
-            if idx[at : at + h] == oid:
-                return i
-            i += 1
+        if i >= hi or prefixes[i] != key:
+            return -1  # most misses end here, without the index file
+        h, base = self.hash_len, self._names_at
+        try:
+            idx = self._pin()[1]
+            while i < hi and prefixes[i] == key:
+                at = base + i * h
+                if idx[at : at + h] == oid:
+                    return i
+                i += 1
+        finally:
+            self._unpin()
         return -1
 
     def _bisect_names(self, oid: bytes) -> int:
@@ -427,45 +575,56 @@ class PackFile:
         first = oid[0]
         lo = self.fanout[first - 1] if first else 0
         end = hi = self.fanout[first]
-        idx, h, base = self._idx, self.hash_len, self._names_at
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            at = base + mid * h
-            if idx[at : at + h] < oid:
-                lo = mid + 1
-            else:
-                hi = mid
-        at = base + lo * h
-        return lo if lo < end and idx[at : at + h] == oid else -1
+        h, base = self.hash_len, self._names_at
+        with self.pinned() as (_fd, idx):
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                at = base + mid * h
+                if idx[at : at + h] < oid:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            at = base + lo * h
+            return lo if lo < end and idx[at : at + h] == oid else -1
 
     def oid_at(self, pos: int) -> bytes:
         at = self._names_at + pos * self.hash_len
-        return self._idx[at : at + self.hash_len]
+        try:
+            return self._pin()[1][at : at + self.hash_len]
+        finally:
+            self._unpin()
 
     def offset_at(self, pos: int) -> int:
         at = self._ofs_at + pos * 4
-        off = int.from_bytes(self._idx[at : at + 4], "big")
-        if off & 0x80000000:
-            at = self._large_at + (off & 0x7FFFFFFF) * 8
-            if at + 8 > len(self._idx) - 2 * self.hash_len:
-                raise self.corrupt(f"large offset {off & 0x7FFFFFFF} out of range", ".idx")
-            off = int.from_bytes(self._idx[at : at + 8], "big")
-        return off
+        try:
+            idx = self._pin()[1]
+            off = int.from_bytes(idx[at : at + 4], "big")
+            if off & 0x80000000:
+                at = self._large_at + (off & 0x7FFFFFFF) * 8
+                if at + 8 > len(idx) - 2 * self.hash_len:
+                    raise self.corrupt(f"large offset {off & 0x7FFFFFFF} out of range", ".idx")
+                off = int.from_bytes(idx[at : at + 8], "big")
+            return off
+        finally:
+            self._unpin()
 
     def pack_checksum(self) -> bytes:
-        """The pack's trailing checksum, as recorded at the end of the index."""
-        end = len(self._idx) - self.hash_len
-        return self._idx[end - self.hash_len : end]
+        """The pack's trailing checksum, as recorded at the end of the index (read when
+        the index was first opened)."""
+        return self._checksum
 
     # -- reverse index ---------------------------------------------------------
 
     def _all_offsets(self) -> np.ndarray:
         """Every entry's offset in index order (numpy, no Python step per entry)."""
-        n, idx = self.count, self._idx
-        offs = np.frombuffer(idx[self._ofs_at : self._ofs_at + 4 * n], dtype=">u4").astype(np.uint64)
+        n = self.count
+        with self.pinned() as (_fd, idx):
+            offs = np.frombuffer(idx[self._ofs_at : self._ofs_at + 4 * n],
+                                 dtype=">u4").astype(np.uint64)
+            tail = idx[self._large_at : len(idx) - 2 * self.hash_len]
         large = (offs & 0x80000000) != 0
         if large.any():
-            table = np.frombuffer(idx[self._large_at : len(idx) - 2 * self.hash_len], dtype=">u8")
+            table = np.frombuffer(tail, dtype=">u8")
             at = (offs[large] & 0x7FFFFFFF).astype(np.intp)
             if len(at) and int(at.max()) >= len(table):
                 raise self.corrupt("large offset out of range", ".idx")
@@ -593,8 +752,22 @@ class PackFile:
 
     # -- entries ----------------------------------------------------------------
 
+    def _pread(self, size: int, offset: int) -> bytes:
+        """``size`` bytes of the pack at ``offset``, its files pinned meanwhile."""
+        try:
+            return os.pread(self._pin()[0], size, offset)
+        finally:
+            self._unpin()
+
+    def read_into(self, view: memoryview, offset: int) -> int:
+        """Read the pack at ``offset`` into ``view`` (one ``preadv``); bytes read."""
+        try:
+            return os.preadv(self._pin()[0], [view], offset)
+        finally:
+            self._unpin()
+
     def read_header(self, offset: int) -> EntryHeader:
-        return self.parse_header(os.pread(self.fd, _HEADER_READ, offset), offset)
+        return self.parse_header(self._pread(_HEADER_READ, offset), offset)
 
     def parse_header(self, buf: bytes | memoryview, offset: int) -> EntryHeader:
         """:func:`parse_entry_header` of bytes read from this pack at ``offset``."""
@@ -627,7 +800,7 @@ class PackFile:
                     if end <= at + WINDOW:
                         buf = memoryview(windows.get(self, at))[offset - at : end - at]
                 if buf is None and end - offset <= _WHOLE_READ:
-                    buf = os.pread(self.fd, end - offset, offset)
+                    buf = self._pread(end - offset, offset)
                 if buf is not None:
                     return self.parse_header(buf, offset), buf
         return self.read_header(offset), None
@@ -646,10 +819,14 @@ class PackFile:
         return out
 
     def read_raw(self, start: int, end: int) -> bytes:
-        return os.pread(self.fd, end - start, start)
+        return self._pread(end - start, start)
 
     def inflate(self, hdr: EntryHeader) -> bytes:
         """Inflate the entry's zlib stream (the object, or the delta for deltas)."""
+        with self.pinned() as (fd, _idx):
+            return self._inflate(fd, hdr)
+
+    def _inflate(self, fd: int, hdr: EntryHeader) -> bytes:
         want = hdr.size
         d = zlib.decompressobj()
         pos = hdr.data_offset
@@ -657,7 +834,7 @@ class PackFile:
         parts: list[bytes] = []
         got = 0
         while not d.eof:
-            data = os.pread(self.fd, chunk, pos)
+            data = os.pread(fd, chunk, pos)
             if not data:
                 raise self.corrupt(f"truncated entry at {hdr.data_offset}")
             pos += len(data)

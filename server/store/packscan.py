@@ -10,7 +10,6 @@ entry whose varint is that long still (docs/ARCHITECTURE.md, "Cold path").
 
 from __future__ import annotations
 
-import os
 from array import array
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,11 +32,12 @@ class PackFile(Protocol):
     """What is read of a ``packs.PackFile`` (which uses this module: no import back)."""
 
     count: int
-    fd: int
     hash_len: int
 
     @property
     def sorted_offsets(self) -> array: ...
+
+    def read_into(self, view: memoryview, offset: int) -> int: ...
 
     def corrupt(self, detail: str) -> Exception: ...
 
@@ -122,7 +122,7 @@ def scan_headers(pack: PackFile, ranks: np.ndarray, heads: bool = False) -> Entr
                 j = min(j, int(breaks[k]))
             j = max(j, i + 1)
             w1 = min(end_all, int(starts[j - 1]) + _SLACK)
-            got = os.preadv(pack.fd, [view[: w1 - w0]], w0)
+            got = pack.read_into(view[: w1 - w0], w0)
             buf = np.frombuffer(room, dtype=np.uint8, count=got)
             rel = starts[i:j] - w0
             first = buf[rel]

@@ -4,37 +4,50 @@ alternates, packs' derived data).
 
 Open files are leased (docs/ARCHITECTURE.md I1; README.md "Open files"). Each request's
 :class:`~.odb.ObjectSnapshot` takes a lease on every pack (and the commit-graph) it froze
-and gives them back when the request ends. The registry closes a file
+and gives them back when the request ends. Descriptors are a budget of their own
+(``max_open``, ``--max-open-packs``), whatever the number of packs a request froze: a
+pack's files (its descriptor and its index map, two descriptors: Python's mmap keeps a
+duplicate) are opened on demand and closed, least recently used first,
 
-- when its directory no longer lists it (a repack replaced it, or the repository went
-  away) and the last lease ends: its descriptor, its map and every cache entry keyed by it
-  go at once, so no ``(deleted)`` file stays open and no NFS silly-rename file stays behind;
-- when more than ``max_open`` descriptors and maps are open: the least recently used file
-  that no request holds is closed, and opened again (its inodes checked) when next needed.
-  A pack costs two (its descriptor, its index map), a commit-graph one; each map is one
-  descriptor too (Python's mmap keeps a duplicate), so ``max_open`` bounds both.
+- when more than ``max_open`` descriptors and maps are open: files that no request holds
+  go first, then files of packs a request holds but is not reading at this instant (a
+  pack pins its files for each read, ``PackFile._pin``); they are opened again, their
+  inodes checked, when next read. A repository of 5,000 packs is then cloned with a few
+  descriptors more than the budget, as C git closes pack descriptors past its own limit;
+- when the pack's directory no longer lists it (a repack replaced it, or the repository
+  went away) and the last lease ends: its descriptor, its map and every cache entry keyed
+  by it go at once, so no ``(deleted)`` file stays open and no NFS silly-rename file stays
+  behind. A replaced pack a request still holds is never closed for the budget (it could
+  not be opened again).
 
-A file leased by a request is never closed under it; the budget may be exceeded while
-requests hold more than it allows.
+A closed pack nobody holds is remembered (``pack_files``, within --cache-memory) with what
+was checked when it was first opened, so that a request freezing 5,000 packs does not
+open and check each of them again. Commit-graphs are closed only when no request holds
+them. Running out of descriptors (EMFILE) closes every file nobody reads and tries once
+more; what a failed request took is given back (``ObjectSnapshot``).
 """
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
 from .faults import report_unusable
 from .fsops import FsOps
 from .lru import ByteLRU
 from .objformat import file_trailer_matches
-from .packs import PackFile, PackFormatError
+from .packs import PackFile, PackFormatError, close_files
 
-__all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN"]
+__all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN", "out_of_descriptors"]
+
+T = TypeVar("T")
 
 DEFAULT_MAX_OPEN = 256  # descriptors and maps; leaves most of ulimit -n 1024 to sockets
 
@@ -48,6 +61,8 @@ LOOSE_IDS_BUDGET = 64 << 20  # bytes of loose object ids, at LOOSE_ID_COST an id
 LOOSE_ID_COST = 64
 ALTERNATES_ENTRIES = 10_000  # alternates files
 PACK_DATA_BUDGET = 1 << 40  # derived data of packs: bounded by --cache-memory alone
+CLOSED_PACKS = 65_536  # closed packs remembered (pack_files), each about PACK_FILE_BYTES
+PACK_FILE_BYTES = 2048  # a PackFile: its fan-out table (1 KiB) and attributes
 
 
 # An index larger than this is hashed by a background thread while requests use it; a
@@ -62,11 +77,22 @@ class Leased(Protocol):
     key: tuple[object, ...]
     leases: int
     retired: bool
-    handles: int
+    HANDLES: int
+
+    @property
+    def handles(self) -> int: ...
 
     def close(self) -> None: ...
 
     def files(self) -> tuple[tuple[str, object], ...]: ...
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    """EMFILE or ENFILE: the process (or the system) has no descriptor left."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+_Victim = Leased | tuple[int, mmap.mmap]  # a file to close whole, or a pack's detached files
 
 
 def _stamp(base: str) -> tuple[tuple[int, int], ...]:
@@ -84,7 +110,10 @@ class PackRegistry:
     :class:`CommitGraph` (key: info directory, name, inode), least recently used first."""
 
     def __init__(self, cache_budget: int = OBJECTS_BUDGET, max_open: int = DEFAULT_MAX_OPEN) -> None:
-        self._open: OrderedDict[tuple[object, ...], Leased] = OrderedDict()
+        # Files leased by a request or holding descriptors, by key.
+        self._open: dict[tuple[object, ...], Leased] = {}
+        # Files holding descriptors now (by id), least recently used first: the budget's.
+        self._lru: OrderedDict[int, Leased] = OrderedDict()
         self._retired: dict[int, Leased] = {}  # retired files some request still leases
         self._lock = threading.Lock()
         self._pending: deque[list[Leased]] = deque()  # leases given back by finalizers
@@ -93,7 +122,7 @@ class PackRegistry:
         self._bad_packs: dict[tuple[object, ...], tuple[object, PackFormatError]] = {}
         self.max_open = max_open
         self.handles = 0  # descriptors and maps open now (leased, idle or retired)
-        self.opened = 0
+        self.opened = 0  # opened, or opened again after they were closed
         self.evicted = 0  # closed to stay within max_open
         self.released = 0  # closed because their directory no longer lists them
         # (pack key, offset) or ("loose", id) -> (type, content)
@@ -109,6 +138,9 @@ class PackRegistry:
         # (objects dir, alternates file content) -> ((line, real path), ...)
         self.alternates = ByteLRU[tuple[tuple[str, str], ...]]("alternates", ALTERNATES_ENTRIES,
                                                               unit="entries")
+        # pack key -> a closed PackFile nobody leases: its facts, checked once
+        self.closed_packs = ByteLRU[PackFile]("pack_files", CLOSED_PACKS, unit="entries",
+                                              entry_bytes=PACK_FILE_BYTES)
 
     # -- leases ----------------------------------------------------------------
 
@@ -121,6 +153,17 @@ class PackRegistry:
         assert isinstance(pack, PackFile)
         return pack
 
+    def with_descriptors(self, open_: Callable[[], T]) -> T:
+        """``open_()``; when the process is out of descriptors, every file nobody is
+        reading is closed (:meth:`shed`) and it is tried once more."""
+        try:
+            return open_()
+        except OSError as exc:
+            if not out_of_descriptors(exc):
+                raise
+        self.shed()
+        return open_()
+
     def _new_pack(self, base: str, hash_len: int, key: tuple[object, ...],
                   verify: bool) -> PackFile:
         bad = self._bad_packs.get(key)
@@ -131,6 +174,8 @@ class PackRegistry:
         try:
             pack = PackFile(base, hash_len, key, verify)
             pack.data_cache = self.pack_data
+            pack.on_open = self._reopened
+            pack.on_exhausted = self.shed
             try:
                 if pack.index_size <= VERIFY_INLINE_MAX or pack.knows("verified"):
                     pack.verify_index()
@@ -164,7 +209,7 @@ class PackRegistry:
             pack.derived("verified", lambda: (True, 0))
             return
         exc = pack.corrupt("index checksum does not match its contents", ".idx")
-        victims: list[Leased] = []
+        victims: list[_Victim] = []
         with self._lock:
             try:
                 self._bad_packs[key] = (_stamp(base), exc)
@@ -197,6 +242,8 @@ class PackRegistry:
         except FileNotFoundError:
             return None
         except (OSError, CommitGraphError) as exc:
+            if out_of_descriptors(exc):
+                raise  # the process's fault, not the file's: the next request tries again
             if len(self._bad_graphs) >= 10_000:
                 self._bad_graphs.clear()
             self._bad_graphs[key] = True
@@ -211,33 +258,58 @@ class PackRegistry:
         with self._lock:
             self._drain_pending()
             item = self._open.get(key)
+            if item is None:
+                known = self.closed_packs.get(key)
+                if known is not None:  # checked before, closed: opened when first read
+                    self.closed_packs.pop(key)
+                    item = self._open[key] = known
             if item is not None:
                 item.leases += 1
-                self._open.move_to_end(key)
+                if id(item) in self._lru:
+                    self._lru.move_to_end(id(item))
                 return item
         # Opened outside the lock: on NFS an open costs round trips, and other requests
         # must not wait for them.
         fs.note("open", opens)
-        fresh = opener()
-        victims: list[Leased] = []
+        fresh = self.with_descriptors(opener)
+        victims: list[_Victim] = []
         with self._lock:
             item = self._open.get(key)
             if item is None:
-                item = fresh
-                self._open[key] = item
-                self.handles += item.handles
+                item = self._open[key] = fresh
+                self._track(item)
                 self.opened += 1
             else:
                 victims.append(fresh)  # another request opened it meanwhile
-                self._open.move_to_end(key)
             item.leases += 1
             victims += self._over_budget()
         self._close(victims)
         return item
 
+    def _track(self, item: Leased) -> None:
+        """``item`` holds descriptors now (under the lock)."""
+        if id(item) not in self._lru:
+            self._lru[id(item)] = item
+            self.handles += item.HANDLES
+        else:
+            self._lru.move_to_end(id(item))
+
+    def _untrack(self, item: Leased) -> None:
+        """``item`` holds no descriptor any more, or is about to be closed (under the lock)."""
+        if self._lru.pop(id(item), None) is not None:
+            self.handles -= item.HANDLES
+
+    def _reopened(self, pack: PackFile) -> None:
+        """A pack closed for the budget was read again and opened (it is pinned now)."""
+        with self._lock:
+            self.opened += 1
+            self._track(pack)
+            victims = self._over_budget()
+        self._close(victims)
+
     def release(self, items: Iterable[Leased]) -> None:
         """Give leases back: a retired file whose last lease this was is closed now."""
-        victims: list[Leased] = []
+        victims: list[_Victim] = []
         with self._lock:
             self._drain_pending()
             victims += self._release_locked(items)
@@ -253,35 +325,75 @@ class PackRegistry:
         while self._pending:
             self._close(self._release_locked(self._pending.popleft()))
 
-    def _release_locked(self, items: Iterable[Leased]) -> list[Leased]:
-        done = []
+    def _release_locked(self, items: Iterable[Leased]) -> list[_Victim]:
+        done: list[_Victim] = []
         for item in items:
             item.leases -= 1
-            if item.leases == 0 and isinstance(item, PackFile) and item.unkept:
-                item.drop_unkept()  # too large for the memory budget: not kept idle
-            if item.leases == 0 and self._retired.pop(id(item), None) is not None:
-                self.handles -= item.handles
+            if item.leases:
+                continue
+            if isinstance(item, PackFile):
+                item.drop_raw()  # nobody holds its descriptor any more
+                if item.unkept:
+                    item.drop_unkept()  # too large for the memory budget: not kept idle
+            if self._retired.pop(id(item), None) is not None:
+                self._untrack(item)
                 self.released += 1
                 done.append(item)
+            elif id(item) not in self._lru:
+                self._remember_closed(item)
         return done
 
-    def _over_budget(self) -> list[Leased]:
-        """Close least recently used idle files while over ``max_open`` (under the lock)."""
-        victims: list[Leased] = []
-        if self.handles <= self.max_open:
-            return victims
-        for key, item in list(self._open.items()):
-            if self.handles <= self.max_open:
+    def _remember_closed(self, item: Leased) -> None:
+        """A closed file nobody leases leaves ``_open``; a pack is kept in
+        ``closed_packs`` (under the lock)."""
+        if self._open.get(item.key) is not item:
+            return
+        del self._open[item.key]
+        if isinstance(item, PackFile) and not item.retired:
+            item.drop_derived()
+            self.closed_packs.put(item.key, item)
+
+    def _over_budget(self, limit: int | None = None) -> list[_Victim]:
+        """Close least recently used files while over ``max_open`` (or ``limit``): those
+        no request holds first, then packs leased but not read at this instant (never a
+        retired one: it could not be opened again). Under the lock; what to close is
+        returned, to be closed outside it."""
+        limit = self.max_open if limit is None else limit
+        victims: list[_Victim] = []
+        for leased in (False, True):
+            if self.handles <= limit:
                 break
-            if item.leases == 0:
-                del self._open[key]
-                self.handles -= item.handles
+            chosen: list[tuple[Leased, tuple[int, mmap.mmap] | None]] = []
+            excess = self.handles - limit
+            for item in self._lru.values():
+                if excess <= 0:
+                    break
+                if (item.leases > 0) != leased or (leased and item.retired):
+                    continue
+                files = item.detach() if isinstance(item, PackFile) else None
+                if files is None and (leased or isinstance(item, PackFile)):
+                    continue  # being read now (or a commit-graph a request holds)
+                chosen.append((item, files))
+                excess -= item.HANDLES
+            for item, files in chosen:
+                self._untrack(item)
                 self.evicted += 1
-                victims.append(item)
+                victims.append(files if files is not None else item)
+                if not item.leases:
+                    self._remember_closed(item)
         return victims
 
-    def _close(self, items: list[Leased]) -> None:
+    def shed(self) -> None:
+        """Close every file nobody is reading now (the process ran out of descriptors)."""
+        with self._lock:
+            victims = self._over_budget(limit=0)
+        self._close(victims)
+
+    def _close(self, items: list[_Victim]) -> None:
         for item in items:
+            if isinstance(item, tuple):
+                close_files(item)
+                continue
             item.close()
             if item.retired:
                 self._drop_cached(item.key)
@@ -301,17 +413,17 @@ class PackRegistry:
         """Retire the files of directory ``prefix`` whose keys are not in ``live`` (another
         process repacked, or the repository is gone): closed now when no request leases
         them, else when the last lease ends."""
-        victims: list[Leased] = []
+        victims: list[_Victim] = []
         with self._lock:
             for key in [k for k in self._open if k[0] == prefix and k not in live]:
                 victims += self._retire_locked(key)
         self._close(victims)
 
-    def _retire_locked(self, key: tuple[object, ...]) -> list[Leased]:
+    def _retire_locked(self, key: tuple[object, ...]) -> list[_Victim]:
         item = self._open.pop(key)
         item.retired = True
         if item.leases == 0:
-            self.handles -= item.handles
+            self._untrack(item)
             self.released += 1
             return [item]
         self._retired[id(item)] = item
@@ -322,6 +434,8 @@ class PackRegistry:
         objects_dir = objects_dir.rstrip("/")
         for sub in ("pack", "info"):
             self.forget_missing(set(), os.path.join(objects_dir, sub))
+        pack_dir = os.path.join(objects_dir, "pack")
+        self.closed_packs.drop_where(lambda k: isinstance(k, tuple) and k[0] == pack_dir)
         def of_repo(k: object) -> bool:
             return isinstance(k, tuple) and k[0] == objects_dir
         self.fanout_ids.drop_where(of_repo)
@@ -334,7 +448,7 @@ class PackRegistry:
         file that no request holds; returns how many were retired."""
         with self._lock:
             self._drain_pending()
-            idle = [(k, item.files()) for k, item in self._open.items() if item.leases == 0]
+            idle = [(item.key, item.files()) for item in self._lru.values() if item.leases == 0]
         gone = []
         for key, files in idle:
             for path, inode in files:
@@ -346,7 +460,7 @@ class PackRegistry:
                 if inode is not None and st.st_ino != inode:
                     gone.append(key)
                     break
-        victims: list[Leased] = []
+        victims: list[_Victim] = []
         with self._lock:
             for key in gone:
                 if key in self._open:
@@ -358,7 +472,8 @@ class PackRegistry:
 
     @property
     def open_files(self) -> int:
-        return len(self._open) + len(self._retired)
+        """Files holding descriptors now (leased or idle, retired ones included)."""
+        return len(self._lru)
 
     def __len__(self) -> int:
         return len(self._open)

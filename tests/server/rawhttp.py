@@ -257,3 +257,16 @@ def thread_count(pid: int) -> int:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise AssertionError("no Threads: line")
+
+
+def metric(port: int, sample: str, default: float | None = None) -> float:
+    """One sample of the server's /metrics, e.g. ``gitspout_open_files`` or
+    ``gitspout_send_cuts_total{reason="stalled"}``; ``default`` when it is absent."""
+    resp = request(port, "GET", "/metrics")
+    assert resp.status == 200
+    for line in resp.text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    if default is not None:
+        return default
+    raise LookupError(f"{sample} not in /metrics")

@@ -150,7 +150,7 @@ def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], gi
 
 def test_drain_timeout_cuts_a_stalled_reader(big_root: tuple[Path, str]) -> None:
     """The stalled reader is cut at --drain-timeout, not twice that (aiohttp waits that
-    long for the handler, then again once it cancelled it: cli.py _drain)."""
+    long for the handler, then again once it cancelled it: drain.py drain)."""
     srv = start_server(big_root[0], extra_args=["--drain-timeout", "2"])
     sock = connect(srv.port, 10)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
