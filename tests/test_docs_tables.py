@@ -19,10 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from gitspout.server.app.config import Config
 from gitutil import Git, start_server
 from prometheus_client.parser import text_string_to_metric_families
-
-from gitspout.server.app.config import Config
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 UPDATE = os.environ.get("GITSPOUT_UPDATE_DOCS") == "1"
