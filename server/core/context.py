@@ -20,7 +20,7 @@ from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from ..graph.commits import CommitSource
 from ..store.errors import StorageError
-from ..store.fscache import DirCache
+from ..store.fscache import DirCache, Listing
 from ..store.fsops import FsOps
 from ..store.namespaces import namespaced
 from ..store.objformat import HASH_LEN
@@ -89,6 +89,7 @@ class RequestContext:
     _odb: ObjectSnapshot | None = None
     _src: CommitSource | None = None
     _grafts: frozenset[bytes] | None = None
+    _top: Listing | None = None  # the git directory's listing, taken with the config
     pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
@@ -129,7 +130,7 @@ class RequestContext:
     @property
     def config(self) -> RepoConfig:
         if self._config is None:
-            self._config = self.repo.config(self.fs, self.dirs)
+            self._config, self._top = self.repo.config_and_listing(self.fs, self.dirs)
         return self._config
 
     @property
@@ -172,10 +173,10 @@ class RequestContext:
         read once per request and once per version of the file (through the git
         directory's listing: git renames a new file into place)."""
         if self._grafts is None:
-            gitdir = self.repo.gitdir
-            top = self.dirs.listing(self.fs, gitdir)
-            raw = self.dirs.file(self.fs, os.path.join(gitdir, "shallow"), top) \
-                if top is not None else None
+            _ = self.config  # the git directory's listing comes with it, taken first
+            top = self._top
+            raw = self.dirs.file(self.fs, os.path.join(self.repo.gitdir, "shallow"), top) \
+                if top is not None and "shallow" in top.names() else None
             self._grafts = parse_shallow_file(raw or b"", self.hash_len)
         return self._grafts
 

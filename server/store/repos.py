@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gitspout.protocol.refs import parse_hide_pattern
 
 from .confine import is_within
-from .fscache import DirCache
+from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .gitconfig import ConfigEntry, ConfigFileError, parse_config, read_config
 from .lru import ByteLRU
@@ -165,6 +165,10 @@ class Repo:
         return self._config.signature if self._config is not None else ()
 
     def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
+        """:meth:`config_and_listing`'s config."""
+        return self.config_and_listing(fs, dirs)[0]
+
+    def config_and_listing(self, fs: FsOps, dirs: DirCache) -> tuple[RepoConfig, Listing]:
         """The repository config, with its includes, re-read when any of its files
         changed: each is stat'ed per request (one stat without includes), as an edit in
         place keeps the inode and the directory listing (a hideRefs appended with ``>>``
@@ -173,7 +177,8 @@ class Repo:
         Every request reads this first (the hash length depends on it), before any ref or
         object: so this is where the git directory's own symlinks (``objects``, ``refs``,
         ...) are checked, from the listing the config needs anyway. An include that leads
-        outside the root is refused like such a symlink."""
+        outside the root is refused like such a symlink. The git directory's listing comes
+        back too: what else a request looks up in it (a ``shallow`` file) costs no stat."""
         top = dirs.listing(fs, self.gitdir)
         if top is None:
             raise RepoNotFound(self.url_path)
@@ -181,7 +186,7 @@ class Repo:
         cached = self._config
         if dirs.enabled and cached is not None and \
                 tuple(map(fs.version, cached.files)) == cached.signature:
-            return cached.cfg
+            return cached.cfg, top
         main = os.path.join(self.gitdir, "config")
 
         seen: dict[str, object] = {}
@@ -198,7 +203,7 @@ class Repo:
         signature = tuple(seen[path] for path in files)
         cfg = repo_config(entries)
         self._config = _CachedConfig(tuple(files), signature, cfg)
-        return cfg
+        return cfg, top
 
 
 @dataclass(frozen=True)
