@@ -67,9 +67,12 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
     serving = False
     try:
         # aiohttp waits up to shutdown_timeout for each handler before cancelling it: that
-        # is the drain (docs/ARCHITECTURE.md "Drain and health").
+        # is the drain (docs/ARCHITECTURE.md "Drain and health"). drain.py cuts every
+        # connection at --drain-timeout itself; aiohttp's own timeout comes a moment
+        # later, so that it never fires in the same tick as a handler ending from that cut
+        # (its waiter cancelled while the handler sets it: InvalidStateError, logged).
         runner = web.AppRunner(make_app(state, metrics_route=cfg.public_metrics),
-                               access_log=None, shutdown_timeout=cfg.drain_timeout,
+                               access_log=None, shutdown_timeout=cfg.drain_timeout + 1,
                                **SERVER_KWARGS)
         await runner.setup()
         limits = ConnectionLimits.from_config(cfg)
