@@ -432,9 +432,22 @@ def enumerate_objects(
             _walk_tree_keep_root(walker, oid)
     done: set[bytes] = set()
     last: bytes | None = None  # the root tree walked last
+    # A deepen sends history under commits the client has whole (its old shallow tips):
+    # a sent parent of such a commit is diffed against that commit's tree, so the files it
+    # changed get the client's versions as delta bases (thin deltas, as pack-objects finds
+    # them among its preferred bases). Against its own parent, they got older versions
+    # that git packs store as deltas of these very files: a cycle, so they went whole.
+    under_had = {p: c for c in had for p in src.commit(c).parents} if cut else {}
     for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)
         base = None
+        child = under_had.get(c)
+        if child is not None:
+            walker.base_is_had = True
+            walker.walk(info.tree, src.commit(child).tree)
+            last = info.tree
+            done.add(c)
+            continue
         # Diff against the first parent only when everything its tree reaches is already
         # listed (its walk is done) or the client has it (it is uninteresting: a shallow
         # client has the whole tree of each commit it has, and the walk never marks what
@@ -447,7 +460,12 @@ def enumerate_objects(
         if parent is not None and (parent in bad or (c not in cut and parent in done)):
             base = src.commit(parent).tree
         walker.base_is_had = base is not None and parent in bad
-        if base is None and last is not None:
+        if base is None and last is None and under_had:
+            # The first commit of a deepen's walk: against a tree the client has whole, so
+            # that what it sends gets the client's versions as delta bases, not none.
+            base = src.commit(min(under_had.values())).tree
+            walker.base_is_had = True
+        elif base is None and last is not None:
             # A shallow boundary (each tip of a --depth 1 clone) or a root: diffed against
             # the tree walked last, which is done, so what both hold is listed already. Its
             # objects are sent too, so they are the delta bases of the changed ones (the

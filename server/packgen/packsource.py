@@ -58,6 +58,7 @@ CHUNK = 64 << 10
 READ_WINDOW = CHUNK
 NEW_DELTA_SECONDS = 0.05  # CPU a pack may spend making new deltas (ReusePackSource),
 NEW_DELTA_SECONDS_PER_OBJECT = 0.002  # plus this much for each object it holds
+HINT_CHAIN = 4  # delta hints followed for a new delta's base (_new_delta_base)
 
 
 class _EntryBody:
@@ -309,7 +310,8 @@ class ReusePackSource:
         """Copy each run of consecutive selected entries; yield after each run and after
         every :data:`READ_WINDOW` bytes of one. When every delta's base comes along, by
         the plan's precomputed layout instead."""
-        if self.ofs_delta:
+        thin_hints = self.thin is not None and bool(self.hints)
+        if self.ofs_delta and not thin_hints:
             # Entries whose base is not sent are written whole by the layout only when no
             # better base exists: a thin pack refers to the client's, hints give new deltas.
             resolve = self.odb.read if self.thin is None and not self.hints else None
@@ -330,8 +332,11 @@ class ReusePackSource:
             sub = first
             for rank in range(first, stop):
                 base = bases[rank]
-                if base == rank or (base >= sub and self.ofs_delta):
-                    continue  # a whole object, or a delta against an entry of this run
+                if base == rank:
+                    if not (thin_hints and self._thin_hinted(plan, rank)):
+                        continue  # a whole object
+                elif base >= sub and self.ofs_delta:
+                    continue  # a delta against an entry of this run
                 # Without ofs-delta, a stored OFS_DELTA goes out as a REF_DELTA (_copy_one).
                 yield from self._copy_run(plan, sub, rank, out)
                 yield from self._release_run(plan, sub, rank, out)
@@ -425,6 +430,9 @@ class ReusePackSource:
         offs = pack.sorted_offsets
         start = offs[rank]
         hdr = pack.parse_header(pack.read_raw(start, min(start + 64, offs[rank + 1])), start)
+        if hdr.type_num not in (OFS_DELTA, REF_DELTA):
+            yield from self._delta_or_copy(plan, rank, out)
+            return True
         body = _EntryBody(pack, hdr.data_offset, offs[rank + 1])
         if hdr.type_num == OFS_DELTA:
             base_rank = (plan.bases if plan.bases is not None else pack.base_ranks())[rank]
@@ -458,6 +466,34 @@ class ReusePackSource:
             return (yield from self._write_whole(pack.oid_at(pack.pack_order[rank]), out, plan,
                                                  rank, may_defer=may_defer))
         return True
+
+    def _delta_or_copy(self, plan: PackPlan, rank: int, out: _Out) -> Iterator[None]:
+        """An entry stored whole (:meth:`_thin_hinted`): a new delta against its hint when
+        one comes out small enough, else the stored bytes as they are."""
+        pack = plan.pack
+        oid = pack.oid_at(pack.pack_order[rank])
+        start = out.offset
+        loc = self.odb.locate(oid, needed=True)
+        size = self.odb.packed_size(loc.pack, loc.offset)[1] \
+            if isinstance(loc, PackedLocation) else LARGE_OBJECT + 1
+        if size <= LARGE_OBJECT:
+            type_num, data = self.odb.read(oid)
+            if self._write_new_delta(oid, type_num, data, out, plan, rank):
+                self._written[oid] = start
+                self.stats.generated += 1
+                self.stats.generated_bytes += out.offset - start
+                return
+        yield from self._copy_run(plan, rank, rank + 1, out)
+
+    def _thin_hinted(self, plan: PackPlan, rank: int) -> bool:
+        """A thin pack's entry stored whole with a delta base at hand: a hint (the same
+        path in the tree the walk diffed against) that the client has or that went out
+        already. It goes out as a new delta, as pack-objects --thin finds them among its
+        preferred bases: most of what C git sends for a fetch or a deepen is such deltas."""
+        if self._delta_budget <= 0:
+            return False
+        oid = plan.pack.oid_at(plan.pack.pack_order[rank])
+        return oid in self.hints and self._new_delta_base(oid, plan, rank) is not None
 
     # -- deltas after their bases ----------------------------------------------
 
@@ -660,27 +696,13 @@ class ReusePackSource:
 
     def _write_new_delta(self, oid: bytes, type_num: int, data: bytes, out: _Out,
                          plan: PackPlan | None, rank: int) -> bool:
-        base = self.hints.get(oid)
-        if base is None or len(data) < 64 or self._delta_budget <= 0:
+        if len(data) < 64 or self._delta_budget <= 0:
             return False
-        base_rank = plan.rank_of(base) if plan is not None else -1
-        in_plan = plan is not None and base_rank >= 0 and bool(plan.selected[base_rank])
-        if in_plan:
-            # The base is an entry of the pack being copied. Pack order is newest first and
-            # the parent's version is usually older, so usually further on: such an entry
-            # waited for it (_write_whole), since a delta must follow its base for libgit2
-            # and isomorphic-git (C git's index-pack alone accepts either order). Unless
-            # the base's own chain in the output leads back here.
-            assert plan is not None
-            base_at = plan.out_offset(base_rank)
-            if base_at is None:
-                base_at = self._written.get(base)
-            if base_at is None or not self._chain_avoids(plan, base_rank, rank):
-                return False  # a base written later: the entry waited for it, or goes whole
-        else:
-            base_at = self._find_written(base)
-            if base_at is None and (self.thin is None or not self.thin(None, -1, base)):
-                return False
+        found = self._new_delta_base(oid, plan, rank)
+        if found is None:
+            return False
+        base, base_at, base_rank = found
+        in_plan = base_rank >= 0
         base_type, base_data = self.odb.read(base)
         if base_type != type_num:
             return False
@@ -698,6 +720,37 @@ class ReusePackSource:
         if in_plan:
             self._regen[rank] = base_rank
         return True
+
+    def _new_delta_base(self, oid: bytes, plan: PackPlan | None,
+                        rank: int) -> tuple[bytes, int | None, int] | None:
+        """A base for a new delta of ``oid``: its delta hint (the object at the same path
+        in the tree the walk diffed against), or that one's hint, and so on
+        (:data:`HINT_CHAIN` steps), the first that is written already or that the client
+        has (a thin pack). (base, its output offset or None, its rank in ``plan`` or -1).
+
+        The chain matters for a deepen: a file's older version is usually stored as a
+        delta of the newer one, which is sent too, so the older one cannot take the newer
+        as its base (a cycle) but can take the version before that, or the client's."""
+        base = self.hints.get(oid)
+        for _ in range(HINT_CHAIN):
+            if base is None:
+                return None
+            base_rank = plan.rank_of(base) if plan is not None else -1
+            if plan is not None and base_rank >= 0 and plan.selected[base_rank]:
+                # An entry of the pack being copied, written before this one (an entry
+                # whose base comes later waited for it: _write_whole), unless the base's
+                # own chain in the output leads back here.
+                base_at = plan.out_offset(base_rank)
+                if base_at is None:
+                    base_at = self._written.get(base)
+                if base_at is not None and self._chain_avoids(plan, base_rank, rank):
+                    return base, base_at, base_rank
+            else:
+                base_at = self._find_written(base)
+                if base_at is not None or (self.thin is not None and self.thin(None, -1, base)):
+                    return base, base_at, -1
+            base = self.hints.get(base)
+        return None
 
     def _chain_avoids(self, plan: PackPlan, start: int, target: int) -> bool:
         """True when the delta chain of entry ``start`` in the output cannot reach entry
