@@ -206,3 +206,26 @@ def test_shallow_clone_of_every_branch_is_sound(git: Git, order_server: LiveServ
     assert pack_order_faults(entries, pack_offsets(git, data), True) == []
     verify = subprocess.run(["git", "verify-pack", str(pack)], capture_output=True, timeout=60)
     assert verify.returncode == 0, verify.stderr
+
+
+@pytest.mark.parametrize("repo", ["gc.git", "un.git"])
+def test_a_deepen_deltifies_against_what_the_client_has(git: Git, order_server: LiveServer,
+                                                        order_root: Path, repo: str) -> None:
+    """A thin deepen (the client has its shallow tips whole) sends the changed files as
+    deltas of the client's versions, as pack-objects --thin does with its preferred bases:
+    no more objects whole than C git sends whole. (gitspout sent the older versions whole:
+    git stores them as deltas of the newer ones, which the pack also sends.)"""
+    gitdir = order_root / repo
+    refs = git.out("for-each-ref", "--format=%(objectname)", "refs/heads", cwd=gitdir).split()
+    args = [f"want {r}" for r in refs] + [f"shallow {r}" for r in refs] + \
+        [f"have {r}" for r in refs] + ["deepen 6", "thin-pack", "ofs-delta", "no-progress", "done"]
+    body = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(*args) + FLUSH
+    resp = post_upload_pack(order_server.port, body, repo=repo, version=2)
+    ours = pack_bytes(resp.body)
+    theirs = pack_bytes(c_git_v2_answer(git, gitdir, body).stdout)
+    assert ours is not None and theirs is not None
+
+    def whole(pack: bytes) -> int:
+        return sum(1 for _, kind, _ in pack_entries(pack) if kind < 6)
+
+    assert whole(ours) <= whole(theirs), (whole(ours), whole(theirs), len(ours), len(theirs))
