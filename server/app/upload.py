@@ -158,6 +158,8 @@ async def _send_pack(state: ServerState, scope: RequestScope, writer: PktWriter,
                                                keepalive, no_progress)
         _record_pack(scope, sent)
     except Exception as exc:
+        if stream.stats.kind:  # decided here: what it was to send is recorded all the same
+            _record_pack(scope, SentPack(stream.stats, stream.phases))
         answer = answer_for(exc, scope.repo, started=True, faults=state.registry.faults)
         if answer.gone:
             raise  # the client went away: nothing more to say to it
