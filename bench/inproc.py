@@ -31,11 +31,15 @@ if layout == "old":
 else:
     from gitspout.protocol.fetch_request import parse_v2_fetch_args
     from gitspout.server.app.config import load_config
-    from gitspout.server.app.http import ServerState
     from gitspout.server.app.metrics import RequestRecord
+    from gitspout.server.app.state import ServerState
     from gitspout.server.core import answers
     from gitspout.server.core.fetch import plan_fetch
-    from gitspout.server.packgen.packplan import iter_pack
+    from gitspout.server.packgen import PackStream
+
+    def iter_pack(ctx, plan):  # type: ignore[no-untyped-def]
+        return PackStream(plan.order, ctx.objects()) if plan.order is not None else iter(())
+
     def features(ctx):  # type: ignore[no-untyped-def]
         return answers.v2_features(ctx)
 
@@ -44,7 +48,8 @@ else:
 cfg = load_config({"root": root}, env={})
 have = subprocess.run(["git","-C",f"{root}/{repo}","rev-parse","HEAD~1"],capture_output=True).stdout.strip()
 def run(state: ServerState) -> int:
-    ctx = state.context(state.resolver.resolve(repo), RequestRecord())
+    ctx = (state.context(state.resolver.resolve(repo), RequestRecord()) if layout == "old"
+           else state.view(state.scope(RequestRecord()), state.resolver.resolve(repo)))
     if mode == "adv":
         return sum(len(c) for c in adv(ctx))
     head, refs = ctx.visible()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from gitspout.server.app.metrics import Metrics
-from gitspout.server.store.lru import ByteLRU, all_cache_stats
+from gitspout.server.store.lru import ByteLRU, MemoryBudget
 
 _names = itertools.count()
 
@@ -49,23 +49,26 @@ def test_rejected_value_is_a_miss() -> None:
 
 def test_statistics_are_per_name_over_instances() -> None:
     name = _name()
-    one, two = ByteLRU[int](name, 1, unit="entries"), ByteLRU[int](name, 1, unit="entries")
+    budget = MemoryBudget()  # where the server's caches count their statistics
+    one = ByteLRU[int](name, 1, unit="entries", parent=budget)
+    two = ByteLRU[int](name, 1, unit="entries", parent=budget)
     for cache in (one, two):
         cache.put(1, 1)
         cache.put(2, 2)
         cache.get(2)
     assert one.stats is two.stats
     assert (one.stats.hits, one.stats.evictions) == (2, 2)
-    assert [s.name for s in all_cache_stats()].count(name) == 1
+    assert [s.name for s in budget.all_stats()].count(name) == 1
 
 
 def test_metrics_export_lookups_and_evictions_by_name() -> None:
     name = _name()
-    cache = ByteLRU[int](name, 1, unit="entries")
+    budget = MemoryBudget()
+    cache = ByteLRU[int](name, 1, unit="entries", parent=budget)
     cache.put(1, 1)
     cache.put(2, 2)
     cache.get(1)
-    text = Metrics().scrape().decode()
+    text = Metrics(memory=budget).scrape().decode()
     assert f'gitspout_cache_evictions_total{{cache="{name}"}} 1.0' in text
     assert f'gitspout_cache_lookups_total{{cache="{name}",result="miss"}} 1.0' in text
     assert f'gitspout_cache_lookups_total{{cache="{name}",result="hit"}} 0.0' in text

@@ -30,9 +30,10 @@ from gitspout.server.packgen.layout import _SLOW, _compute, _vector_layout
 from gitspout.server.store.bitmaps import iter_set_bits
 from gitspout.server.store.objformat import OBJ_COMMIT
 from gitspout.server.store.odb import PackRegistry
-from gitspout.server.store.packs import PackFormatError, _sort_positions
+from gitspout.server.store.packs import PackFormatError
 from gitspout.server.store.packscan import base_ranks_of, scan_headers
 from gitspout.server.store.repos import RepoResolver
+from gitspout.server.store.revindex import sort_positions as _sort_positions
 from gitutil import Git, fsck, git_env, repo_state, start_server
 from hypothesis import given, settings
 from hypothesis import strategies as st

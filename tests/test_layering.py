@@ -16,7 +16,7 @@ import pytest
 
 SERVER = Path(__file__).resolve().parent.parent / "server"
 # Top to bottom: a layer may import only itself and what follows it.
-LAYERS = ("app", "packgen", "core", "graph", "store")
+LAYERS = ("app", "core", "packgen", "graph", "store")
 ADAPTER_ONLY = {"aiohttp", "asyncio", "prometheus_client", "uvloop"}
 
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any
 
-from ..store.lru import ByteLRU
+from ..store.lru import ByteLRU, MemoryBudget
 from .config import ConfigError
 
 __all__ = ["Access", "AuthDenied", "load_access", "hash_password", "CREDENTIAL_TTL"]
@@ -91,7 +91,8 @@ class Rule:
 class Access:
     """The rules and users of one auth file, and the cache of checked credentials."""
 
-    def __init__(self, realm: str, users: dict[str, bytes], rules: list[Rule]) -> None:
+    def __init__(self, realm: str, users: dict[str, bytes], rules: list[Rule],
+                 memory: MemoryBudget | None = None) -> None:
         self.realm = realm
         self._users = users
         self.rules = rules
@@ -99,9 +100,9 @@ class Access:
         # right pairs: (user, until); wrong ones: until. Apart, so that a flood of wrong
         # ones cannot evict the right ones.
         self._right = ByteLRU[tuple[str, float]](
-            "credentials", CREDENTIAL_ENTRIES, unit="entries", entry_bytes=200)
+            "credentials", CREDENTIAL_ENTRIES, unit="entries", entry_bytes=200, parent=memory)
         self._wrong = ByteLRU[float]("credentials_failed", CREDENTIAL_ENTRIES, unit="entries",
-                                     entry_bytes=120)
+                                     entry_bytes=120, parent=memory)
         # The hash an unknown user is checked against: as slow as the users' own, so that
         # the time taken does not tell which user names exist.
         self._dummy = max(users.values(), default=b"")
@@ -209,8 +210,9 @@ def _credentials(authorization: str) -> tuple[str, str]:
     return user, password
 
 
-def load_access(path: str) -> Access:
-    """Read an auth file; ConfigError for anything unusable."""
+def load_access(path: str, memory: MemoryBudget | None = None) -> Access:
+    """Read an auth file; ConfigError for anything unusable. Its credentials cache counts
+    against ``memory`` (--cache-memory)."""
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -239,7 +241,7 @@ def load_access(path: str) -> Access:
             raise ConfigError(f"auth file {path}: unknown users {sorted(unknown)}")
     if users:
         _bcrypt()  # fail at start, not at the first request, when the extra is missing
-    return Access(realm, users, rules)
+    return Access(realm, users, rules, memory)
 
 
 def _bcrypt() -> Any:

@@ -1,10 +1,8 @@
-"""The gate in front of password checks (README "Access control"; issue 24).
+"""The gate in front of password checks (README "Access control").
 
 bcrypt costs a quarter of a second of CPU on purpose, so whoever may make the server check
-passwords may make it busy. They used to run in the shared thread pool, under the key of
-"no repository yet" (one thread at a time) with the first resolution of every repository:
-30 clients sending wrong passwords held a valid user 20-25 s and an anonymous request for
-a repository not resolved yet 15 s. Now:
+passwords may make it busy; a flood of wrong passwords must not delay valid users nor
+anonymous requests (docs/performance.md, "Slow and hostile clients"). So:
 
 - Checks run in threads of their own (``--auth-threads``), never in the pool that serves
   repositories, and never ahead of repository work.

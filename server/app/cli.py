@@ -20,12 +20,13 @@ from aiohttp import web
 
 from .auth import hash_password, load_access
 from .config import Config, ConfigError, add_config_arguments, load_config
-from .connections import ConnectionGuard, ConnectionLimits, install_log_filter, listen
+from .connections import ConnectionGuard, install_log_filter, listen
 from .drain import drain
-from .http import HANDLER_KWARGS, SERVER_KWARGS, ServerState, make_app, metrics_response
+from .http import HANDLER_KWARGS, SERVER_KWARGS, make_app, metrics_response
 from .logtext import install_escaping
 from .memory import fix_mmap_threshold
 from .signals import Signals, ignore_hangup
+from .state import ServerState
 
 __all__ = ["main", "serve", "StartupError"]
 
@@ -75,10 +76,10 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
                                access_log=None, shutdown_timeout=cfg.drain_timeout + 1,
                                **SERVER_KWARGS)
         await runner.setup()
-        limits = ConnectionLimits.from_config(cfg)
+        limits = state.budgets.connections
         guard = ConnectionGuard(limits, state.metrics.connections)
         guards.append(guard)
-        check_descriptor_limit(cfg.max_open_packs, cfg.max_connections)
+        check_descriptor_limit(state.budgets.open_files, limits.max_connections)
         # A runner whose listen failed was cleaned up by _listen_or_explain.
         listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
                                                   **HANDLER_KWARGS))
@@ -96,6 +97,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         elif not cfg.public_metrics:
             log.warning("--no-public-metrics without --metrics-port: /metrics is served nowhere")
         print(f"gitspout: serving {state.resolver.root} at {_url(cfg.host, port)}", flush=True)
+        log.info("budgets: %s", state.budgets.describe())
         gc.freeze()
         serving = True
         if ready is not None:

@@ -39,7 +39,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from .config import Config
 from .metrics import ConnectionStats
 from .sendwatch import SendLimits, SendWatch
 
@@ -60,17 +59,12 @@ PROBE_RESERVE = 8
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """The connection settings of :class:`~server.config.Config`; 0 turns one off."""
+    """The connection settings (app/budgets.py); 0 turns one off."""
 
     header_timeout: float = 20.0
     idle_timeout: float = 75.0
     max_connections: int = 512
     send: SendLimits = SendLimits()
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> ConnectionLimits:
-        return cls(cfg.header_timeout, cfg.idle_timeout, cfg.max_connections,
-                   SendLimits.from_config(cfg))
 
 
 class ConnectionGuard:

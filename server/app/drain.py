@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .connections import ConnectionGuard, GuardedHandler
-from .http import ServerState
 from .sendwatch import unsent_bytes
+from .state import ServerState
 
 __all__ = ["drain", "SendQueues"]
 

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import StreamReader, web
 
 __all__ = ["HttpError", "BodyTimeout", "BodyTooLarge", "BodyLimits", "text_response",
+           "start_response", "ADVERTISEMENT", "RESULT",
            "protocol_version", "split_path", "read_body", "decode_body", "check_declared_length",
            "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
 
@@ -33,9 +34,20 @@ class HttpError(Exception):
         self.text = text
 
 
+ADVERTISEMENT = f"application/x-{UPLOAD_PACK}-advertisement"  # info/refs
+RESULT = f"application/x-{UPLOAD_PACK}-result"  # the answer to a POST
+
+
 def text_response(status: int, text: str) -> web.Response:
     return web.Response(status=status, text=text if text.endswith("\n") else text + "\n",
                         headers=NO_CACHE)
+
+
+async def start_response(request: web.Request, content_type: str) -> web.StreamResponse:
+    """A streamed 200, its headers sent: what is decided is decided (I4)."""
+    resp = web.StreamResponse(status=200, headers={**NO_CACHE, "Content-Type": content_type})
+    await resp.prepare(request)
+    return resp
 
 
 def protocol_version(request: web.Request) -> int:

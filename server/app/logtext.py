@@ -1,4 +1,4 @@
-"""Text log lines that a terminal or a log viewer shows as they are (issue 24).
+"""Text log lines that a terminal or a log viewer shows as they are.
 
 Log lines carry what clients chose: repository paths from the URL (``refusing /PATH:
 ...``), user agents, protocol lines. A raw ESC, CR or OSC sequence in one of them

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,8 +27,10 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..store.faults import FAULTS, KINDS
-from ..store.lru import all_cache_stats
+from ..packgen import PackStats
+from ..store.faults import KINDS
+from ..store.lru import MemoryBudget
+from ..store.registry import PackRegistry
 from .pool import WorkPool
 
 __all__ = ["Metrics", "RequestRecord", "ConnectionStats", "CONTENT_TYPE", "TIMEOUT_KINDS"]
@@ -60,12 +61,11 @@ class RequestRecord:
     haves: int = 0
     negotiation_round: bool = False
     pack_source: str = ""
-    pack_stats: Any = None
+    pack_stats: PackStats | None = None
     phases: dict[str, float] = field(default_factory=dict)
     fs: dict[str, int] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     started: float = field(default_factory=time.monotonic)
-    context: Any = None  # the request's RequestContext, once there is one
 
 
 class _ProcIoCollector:
@@ -161,24 +161,24 @@ class _CacheCollector:
     all instances of a name: each repository's, each request's), and the bytes the caches
     shared across requests hold within --cache-memory, read at scrape time."""
 
-    def __init__(self) -> None:
-        self.budget: Any = None  # store/lru.py MemoryBudget (--cache-memory)
+    def __init__(self, budget: MemoryBudget | None) -> None:
+        self.budget = budget  # --cache-memory, where every cache counts
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        budget = self.budget
+        if budget is None:
+            return
         lookups = CounterMetricFamily("gitspout_cache_lookups", "Cache lookups by cache and result.",
                                       labels=["cache", "result"])
         evictions = CounterMetricFamily("gitspout_cache_evictions",
                                         "Values dropped to stay within a cache's budget or "
                                         "within --cache-memory.", labels=["cache"])
-        for stats in all_cache_stats():
+        for stats in budget.all_stats():
             lookups.add_metric([stats.name, "hit"], stats.hits)
             lookups.add_metric([stats.name, "miss"], stats.misses)
             evictions.add_metric([stats.name], stats.evictions)
         yield lookups
         yield evictions
-        budget = self.budget
-        if budget is None:
-            return
         held: dict[str, int] = {}
         for cache in budget.caches():
             held[cache.name] = held.get(cache.name, 0) + cache.held
@@ -202,14 +202,19 @@ class _FaultCollector:
     """``gitspout_storage_faults_total{kind,outcome}`` (store/faults.py): requests failed
     by a damaged file of each kind, and unusable files done without (once per file)."""
 
+    def __init__(self, registry: PackRegistry | None) -> None:
+        self.registry = registry
+
     def collect(self) -> Iterable[CounterMetricFamily]:
+        if self.registry is None:
+            return
         fam = CounterMetricFamily(
             "gitspout_storage_faults",
             "Storage faults by file kind: outcome=failed counts requests answered as a "
             "server fault (500 or in-band error); outcome=fallback counts unusable files "
             "(once per file version) served without (walk, parsed commits, pack skipped).",
             labels=["kind", "outcome"])
-        counts = FAULTS.snapshot()
+        counts = self.registry.faults.snapshot()
         for kind in KINDS:
             for outcome in ("failed", "fallback"):
                 fam.add_metric([kind, outcome], counts.get((kind, outcome), 0))
@@ -219,10 +224,10 @@ class _FaultCollector:
 class _OpenFilesCollector:
     """``gitspout_open_files*``: pack and commit-graph descriptors and maps held open
     across requests (store/registry.py), against ``--max-open-packs``, and why files were
-    closed. ``source`` is the PackRegistry, set by the server."""
+    closed, from the pack registry."""
 
-    def __init__(self) -> None:
-        self.source: Any = None
+    def __init__(self, source: PackRegistry | None) -> None:
+        self.source = source
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         reg = self.source
@@ -254,7 +259,8 @@ class _OpenFilesCollector:
 class Metrics:
     """The registry and every metric of one server process."""
 
-    def __init__(self, repos_allowlist: Iterable[str] = (), pool: WorkPool | None = None) -> None:
+    def __init__(self, repos_allowlist: Iterable[str] = (), pool: WorkPool | None = None,
+                 memory: MemoryBudget | None = None, registry: PackRegistry | None = None) -> None:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -302,11 +308,9 @@ class Metrics:
         self.pack_bytes.labels("cache")
         self.haves = Histogram("gitspout_negotiation_haves", "Haves per fetch request.",
                                buckets=HAVES_BUCKETS, registry=r)
-        self.caches = _CacheCollector()
-        r.register(self.caches)
-        self.open_files = _OpenFilesCollector()
-        r.register(self.open_files)
-        r.register(_FaultCollector())
+        r.register(_CacheCollector(memory))
+        r.register(_OpenFilesCollector(registry))
+        r.register(_FaultCollector(registry))
         self.repo_requests = Counter("gitspout_repo_requests",
                                      "Requests per allow-listed repository.", ["repo", "command"],
                                      registry=r)

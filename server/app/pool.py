@@ -1,8 +1,8 @@
 """The server's thread pool for blocking work, counting what it does for its gauges.
 
 Everything blocking goes through one :class:`WorkPool`: request decoding and planning
-(``ServerState.run``) and the producing of a pack step by step (``stream.pump_pack``, which
-takes it as its executor), so that the pool gauges of ``metrics.py`` see all of it.
+(``RequestScope.run``) and the producing of a pack step by step (``stream.pump_pack``, which
+takes the scope's executor), so that the pool gauges of ``metrics.py`` see all of it.
 
 The queue is fair across repositories (docs/ARCHITECTURE.md "Fair queuing"): a job is
 submitted with a key (the repository of its request; ``None`` for work of no request), each
@@ -103,7 +103,7 @@ class WorkPool(Executor):
 
     def _start_thread(self) -> None:  # with the lock held
         # Daemon threads: an interpreter exiting without shutdown() (a test's state) must not
-        # wait for idle threads; the server shuts the pool down on cleanup (http.py).
+        # wait for idle threads; the server shuts the pool down on cleanup (state.py).
         thread = threading.Thread(target=self._work, name=f"{self._name}_{self.threads}",
                                   daemon=True)
         self.threads += 1

@@ -1,10 +1,10 @@
 """Responses that stop moving are cut (docs/ARCHITECTURE.md "Drain and health"; README
 "Slow clients and the connection cap").
 
-A client that asks for a pack and never reads holds its pack slot, its producer and up to
-``--output-buffer`` for as long as it stays connected: 32 of them held every
-``--max-packs`` slot, and every other fetch of the server waited ``--pack-queue-wait``
-for a 503. So while a response is written, its connection is sampled every
+A client that asks for a pack and never reads would hold its pack slot, its producer and
+up to ``--output-buffer`` for as long as it stays connected: 32 of them would hold every
+``--max-packs`` slot, and every other fetch wait ``--pack-queue-wait`` for a 503. So
+while a response is written, its connection is sampled every
 :data:`TICK` s: the bytes its client has acknowledged (what aiohttp handed the
 transport, minus what the transport still buffers, minus what the kernel has not had
 acknowledged: ``SIOCOUTQ``), and whether data was waiting for the client then (either
@@ -34,8 +34,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Config
-
 __all__ = ["SendLimits", "SendWatch", "unsent_bytes"]
 
 log = logging.getLogger("gitspout")
@@ -59,10 +57,6 @@ class SendLimits:
 
     timeout: float = 60.0
     min_rate: int = 1024
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> SendLimits:
-        return cls(cfg.send_timeout, cfg.send_min_rate)
 
     @property
     def tick(self) -> float:

@@ -20,7 +20,7 @@ import signal
 
 from .auth import load_access
 from .config import Config, ConfigError
-from .http import ServerState
+from .state import ServerState
 
 __all__ = ["Signals", "ignore_hangup"]
 
@@ -66,7 +66,7 @@ class Signals:
             log.info("SIGHUP: nothing to reload (no --auth-file); still serving")
             return
         try:
-            access = load_access(path)
+            access = load_access(path, state.budgets.memory)
         except ConfigError as exc:
             log.warning("SIGHUP: auth file not reloaded, the previous one stays: %s", exc)
             return

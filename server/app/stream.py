@@ -8,7 +8,7 @@ calls per response are counted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -27,9 +27,10 @@ from gitspout.protocol.sideband import (
     max_band_payload,
 )
 
-from ..core.stats import Progress
+from ..packgen import Progress
+from .metrics import RequestRecord
 
-__all__ = ["PktWriter", "PktSection", "pump_pack", "pull_items", "cap_output", "PULL_END"]
+__all__ = ["PktWriter", "pump_pack", "pull_items", "cap_output", "PULL_END"]
 
 PULL_END = object()  # what pull_items ends with when the iterator is exhausted
 # PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
@@ -43,61 +44,6 @@ PULL_BYTES = 256 << 10
 WRITE_SLICE = 64 << 10
 
 
-class PktSection:
-    """Pkt-lines framed ahead of time, off the event loop, into the chunks that
-    :class:`PktWriter` would have written for the same calls (``pkt``, ``flush_pkt``,
-    ``delim_pkt``, then a drain). Write them with :meth:`PktWriter.chunks`.
-
-    Framing hundreds of thousands of ACK lines is seconds of Python: done in the pool, it
-    leaves the loop free to answer other requests meanwhile.
-    """
-
-    def __init__(self, sideband_all: bool = False, chunk_size: int = 32 * 1024) -> None:
-        self.sideband_all = sideband_all
-        self.buf = PktBuffer(chunk_size)
-        self.out: list[bytes] = []
-
-    def _keep(self, chunk: bytes | None) -> None:
-        if chunk:
-            self.out.append(chunk)
-
-    def pkt(self, payload: bytes) -> None:
-        """One data pkt-line (band 1 under sideband-all), as :meth:`PktWriter.pkt`."""
-        if self.sideband_all:
-            payload = band_payload(BAND_DATA, payload)
-        self._keep(self.buf.add(payload))
-
-    def pkts(self, payloads: Iterable[bytes]) -> None:
-        for payload in payloads:
-            self.pkt(payload)
-
-    def flush_pkt(self) -> None:
-        self._keep(self.buf.add_raw(FLUSH_PKT))
-
-    def delim_pkt(self) -> None:
-        self._keep(self.buf.add_raw(DELIM_PKT))
-
-    def frame(self, items: Iterator[bytes | Mark]) -> bool:
-        """Frame a response laid out by protocol/fetch_response.py up to :data:`Mark.PACK`;
-        True when the pack comes there (the rest of ``items`` follows it)."""
-        for item in items:
-            if isinstance(item, bytes):
-                self.pkt(item)
-            elif item is Mark.FLUSH:
-                self.flush_pkt()
-            elif item is Mark.DELIM:
-                self.delim_pkt()
-            else:
-                return True
-        return False
-
-    def take(self) -> list[bytes]:
-        """Every chunk so far, the last one possibly short (what a drain would write)."""
-        self._keep(self.buf.take())
-        out, self.out = self.out, []
-        return out
-
-
 class PktWriter:
     """Buffers pkt-lines into chunks of at least 32 KiB before writing them."""
 
@@ -107,7 +53,7 @@ class PktWriter:
         sideband: Sideband = Sideband.NONE,
         sideband_all: bool = False,
         chunk_size: int = 32 * 1024,
-        record: Any = None,
+        record: RequestRecord | None = None,
     ) -> None:
         self.response = response
         self.record = record
@@ -221,18 +167,18 @@ def cap_output(transport: asyncio.BaseTransport | None, limit: int) -> None:
 async def pump_pack(
     writer: PktWriter,
     executor: Executor,
-    make_iter: Callable[[], Iterator[Any]],
+    it: Iterator[Any],
     keepalive: float,
     no_progress: bool,
 ) -> None:
-    """Pull items from a blocking iterator in ``executor`` and write them as they come.
+    """Pull items (pack ``bytes``, :class:`~..packgen.Progress`) from a blocking iterator
+    in ``executor`` and write them as they come.
 
-    One item is prefetched while the previous one is written. Silence longer than
-    ``keepalive`` seconds sends a keepalive. If the client goes away (the write raises or
-    the task is cancelled) the iterator is closed once its current step finishes.
+    One batch is prefetched while the previous one is written. Silence longer than
+    ``keepalive`` seconds sends a keepalive. Once done, or if the client goes away (the
+    write raises or the task is cancelled), the iterator is closed after its current step.
     """
     loop = asyncio.get_running_loop()
-    it: Iterator[bytes | Progress] = await loop.run_in_executor(executor, make_iter)
     fut: asyncio.Future[list[object]] = loop.run_in_executor(executor, pull_items, it)
     try:
         while True:

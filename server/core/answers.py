@@ -27,7 +27,8 @@ from ..store.refsnapshot import RefSnapshot
 from .context import RequestContext, small_prefixes
 
 __all__ = ["SESSION_ID", "v0_capabilities", "v0_advertisement", "v2_features", "v2_capabilities",
-           "ls_refs", "encoded", "object_info", "Segmented", "v0_segmented", "ls_refs_segmented"]
+           "ls_refs", "encoded", "object_info", "Segmented", "v0_segmented", "ls_refs_segmented",
+           "advertisement_chunks"]
 
 # transfer.advertiseSID: one id for this server process, like C git's trace2 session id.
 SESSION_ID = f"gitspout-{os.getpid()}-{uuid.uuid4().hex[:12]}".encode()
@@ -78,6 +79,21 @@ def v2_features(ctx: RequestContext) -> V2Features:
 
 def v2_capabilities(ctx: RequestContext) -> Iterator[bytes]:
     return iter_v2_capabilities(v2_features(ctx))
+
+
+def advertisement_chunks(ctx: RequestContext, version: int,
+                         preamble: Sequence[bytes] = ()) -> list[bytes]:
+    """The body of ``info/refs``: v2's capability advertisement (gitprotocol-v2
+    "Capability Advertisement"), or v0/v1's refs and capabilities after ``preamble``
+    (smart HTTP's service line), kept per ref state (:func:`encoded`)."""
+    if version == 2:
+        buf = PktBuffer()
+        for payload in v2_capabilities(ctx):
+            buf.add(payload)
+        buf.add_flush()
+        return [buf.take()]
+    return encoded(ctx, ("v0", version), lambda: v0_advertisement(ctx, version), preamble,
+                   lambda: v0_segmented(ctx, version))
 
 def ls_refs(ctx: RequestContext, req: LsRefsRequest) -> Iterator[bytes]:
     unborn = req.unborn and ctx.config.unborn != "ignore"
@@ -137,9 +153,12 @@ class Segmented:
 
 def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[], Iterable[bytes]],
             preamble: Sequence[bytes] = (),
-            segmented: Callable[[], Segmented | None] | None = None) -> list[bytes]:
+            segmented: Callable[[], Segmented | None] | None = None,
+            prefixes: tuple[bytes, ...] = ()) -> list[bytes]:
     """The response body as 32 KiB chunks, kept per ref state and config: a repeated
     advertisement of an unchanged repository costs its validation and its writes.
+    ``kind`` names the answer, ``prefixes`` the refs it lists (ls-refs' ref-prefix; none:
+    every ref).
 
     With ``segmented``, the body is put together from the encoding each segment of refs
     keeps (:class:`~..store.packedrefs.RefSegment`): after a change, only the segments that
@@ -148,7 +167,8 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     # A shallow repository's v0 advertisement ends with its shallow commits
     # (upload-pack.c: advertise_shallow_grafts, after the refs, before the flush).
     trailer = _shallow_lines(ctx) if kind and kind[0] == "v0" else []
-    key = (kind, ctx.refs_state(kind), ctx.repo.config_key(),
+    snap = ctx.refs_with_prefixes(prefixes)
+    key = (kind, prefixes, snap.state, ctx.repo.config_key(),
            hashlib.sha1(b"".join(trailer)).digest() if trailer else b"")
     # Nothing is put while the cross-request cache is off: the lookup is then a miss.
     hit = ctx.repo.ref_cache.encoded.get(key)
@@ -156,14 +176,14 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
         return hit
     # Nor for ref-prefixes too large to be part of a key (budgets count values): such an
     # answer is made and not kept, its segments' encodings included.
-    keep = ctx.dirs.enabled and _small_key(kind)
+    keep = ctx.dirs.enabled and small_prefixes(prefixes)
     seg = segmented() if segmented is not None and keep else None
     if seg is not None:
         whole = _from_segments(ctx, seg, preamble, trailer)
         # A large answer is not kept whole: its chunks are the segments' encodings, kept
         # (and counted) in ref_encodings, and joining them again costs a lookup each.
         size = sum(len(c) for c in whole)
-        if ctx.refs_cacheable(kind) and size <= WHOLE_ANSWER_BYTES:
+        if snap.cacheable and size <= WHOLE_ANSWER_BYTES:
             ctx.repo.ref_cache.encoded.put(key, whole, nbytes=size + 40 * len(whole))
         return whole
     buf = PktBuffer()
@@ -178,15 +198,10 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
         _keep(chunks, buf.add(payload))
     _keep(chunks, buf.add_flush())
     _keep(chunks, buf.take())
-    if keep and ctx.refs_cacheable(kind):
+    if keep and snap.cacheable:
         ctx.repo.ref_cache.encoded.put(key, chunks, nbytes=sum(len(c) + 40 for c in chunks))
     return chunks
 
-
-def _small_key(kind: tuple[object, ...]) -> bool:
-    """The answer may be kept: its ref-prefixes (the last item of ``kind``) are small."""
-    last = kind[-1] if kind else ()
-    return not isinstance(last, tuple) or small_prefixes(last)
 
 def object_info(ctx: RequestContext, req: ObjectInfoRequest) -> list[bytes]:
     allowed = _reachable_subset(ctx, req.oids)
@@ -199,7 +214,7 @@ def object_info(ctx: RequestContext, req: ObjectInfoRequest) -> list[bytes]:
 def _reachable_subset(ctx: RequestContext, oids: Sequence[bytes]) -> set[bytes]:
     if ctx.config.allow_any_sha1:
         return set(oids)
-    return reachable_subset(ctx.src, oids, ctx.tips(), ctx.registry.reach_cache)
+    return reachable_subset(ctx.src, oids, ctx.tips(), ctx.pack_caches.closures)
 
 
 WHOLE_ANSWER_BYTES = 1 << 20

@@ -1,8 +1,10 @@
-"""One request's view of one repository: config, refs and objects, each read once.
+"""One request's view of one repository: config, refs and objects, each read once, and
+the leases on the packs it froze.
 
 Everything here is blocking and runs in the server's thread pool. The answers built from it
-live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their cache) and
-:mod:`.fetch` (the fetch plan and the want policy).
+live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their cache),
+:mod:`.commands` (a v2 command), :mod:`.fetch` (the fetch plan and the want policy) and
+:mod:`.framing` (a fetch response up to its pack).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from gitspout.protocol.errors import ClientError
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from ..graph.commits import CommitSource
+from ..packgen import ObjectAccess, PackCaches
+from ..packgen.access import DEFAULT_COLD_WALK_ENTRIES
+from ..store.bigobjects import ByteBudget
 from ..store.errors import StorageError
 from ..store.fscache import DirCache, Listing
 from ..store.fsops import FsOps
@@ -30,7 +35,6 @@ from ..store.refs import read_ref_snapshot
 from ..store.refsnapshot import RefSnapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
-from .stats import PackStats
 
 __all__ = ["RequestContext", "small_prefixes", "KEY_PREFIX_BYTES"]
 
@@ -73,24 +77,27 @@ def small_prefixes(prefixes: Sequence[bytes]) -> bool:
 
 @dataclass
 class RequestContext:
-    """One request's view of one repository: config, refs and objects, each read once."""
+    """One request's view of one repository: config, refs and objects, each read once.
+
+    ``caches`` and ``inflate`` are the process's (the server builds them once); without
+    them the request has caches of its own and no budget of large objects beyond one."""
 
     repo: Repo
     registry: PackRegistry
     agent: bytes
     dirs: DirCache = field(default_factory=lambda: DirCache(enabled=False))
     fs: FsOps = field(default_factory=FsOps)
-    phases: dict[str, float] = field(default_factory=dict)
-    # --cold-walk-pack-entries (packgen/packplan.py): 0 never walks to spare a reverse index
-    cold_walk_entries: int = 16384
+    # --cold-walk-pack-entries (packgen/choose.py): 0 never walks to spare a reverse index
+    cold_walk_entries: int = DEFAULT_COLD_WALK_ENTRIES
     namespace: bytes = b""  # GIT_NAMESPACE the URL serves (app/namespaces.py); b"": none
+    caches: PackCaches | None = None
+    inflate: ByteBudget | None = None
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
     _src: CommitSource | None = None
     _grafts: frozenset[bytes] | None = None
     _top: Listing | None = None  # the git directory's listing, taken with the config
-    pack_stats: PackStats | None = None
     _prefixed: dict[tuple[bytes, ...], RefSnapshot] = field(default_factory=dict)
     _tips: frozenset[bytes] | None = None
     _tips_key: tuple[object, ...] = ()
@@ -160,6 +167,20 @@ class RequestContext:
             graph = None if grafts else self.odb.commit_graph()
             self._src = CommitSource(self.odb, graph, grafts)
         return self._src
+
+    @property
+    def pack_caches(self) -> PackCaches:
+        """The caches of object sets (the process's, or this request's own)."""
+        if self.caches is None:
+            self.caches = PackCaches.create(self.registry)
+        return self.caches
+
+    def objects(self) -> ObjectAccess:
+        """What a pack of this request is produced from (packgen)."""
+        if self.inflate is None:
+            self.inflate = ByteBudget()
+        return ObjectAccess(self.odb, self.src, self.pack_caches, self.inflate,
+                            self.cold_walk_entries)
 
     def exported(self) -> bool:
         """The repository holds ``git-daemon-export-ok`` (git-http-backend serves only such
@@ -246,9 +267,6 @@ class RequestContext:
         refs = self.refs.select((prefix,))
         return [r for r in refs if not ref_is_hidden(r.name, hide)] if hide else refs
 
-    def timed(self, phase: str, start: float) -> None:
-        self.phases[phase] = self.phases.get(phase, 0.0) + time.monotonic() - start
-
     def refs_with_prefixes(self, prefixes: Sequence[bytes]) -> RefSnapshot:
         """A snapshot of just the refs under ``prefixes`` (and HEAD): ref-prefix answered
         without reading every ref directory. Read once per request. Prefixes that take in
@@ -264,15 +282,6 @@ class RequestContext:
         if snap is None:
             snap = self._prefixed[key] = self._snapshot(key)
         return snap
-
-    def refs_state(self, kind: tuple[object, ...]) -> tuple[object, ...]:
-        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
-        snap = self.refs_with_prefixes(prefixes)  # type: ignore[arg-type]
-        return snap.state
-
-    def refs_cacheable(self, kind: tuple[object, ...]) -> bool:
-        prefixes = kind[-1] if kind and isinstance(kind[-1], tuple) else ()
-        return self.refs_with_prefixes(prefixes).cacheable  # type: ignore[arg-type]
 
     def tips(self) -> frozenset[bytes]:
         """Binary ids of visible refs (and HEAD), the roots of what we may serve.

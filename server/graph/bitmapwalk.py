@@ -8,7 +8,6 @@ an "extra" set, like git's extended bitmap index.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections.abc import Iterable
 
@@ -23,7 +22,7 @@ from gitspout.protocol.filters import (
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
 from ..store.lru import ByteLRU
-from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS, ids_digest
 from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
 from .commits import CommitInfo, CommitSource
@@ -143,8 +142,7 @@ class BitmapIndex:
         """:meth:`reach`, remembered across requests by (pack, roots, level): a clone storm
         on one ref state computes its object set once. Packs never change, so the key is
         exact. A closure of a fuller level answers a request for a lesser one."""
-        key: tuple[object, ...] = (self.pack.key,
-                                   hashlib.sha1(b"".join(sorted(set(roots)))).digest())
+        key: tuple[object, ...] = (self.pack.key, ids_digest(roots))
         for held in _LEVELS[: _LEVELS.index(level) + 1]:
             hit = cache.get(key if held == ALL else (*key, held))
             if hit is not None:

@@ -16,10 +16,11 @@ from typing import NamedTuple
 from dulwich.objects import parse_tree
 
 from ..store.commitgraph import CommitGraph, CommitGraphError
+from ..store.errors import MissingObject, ObjectStoreError
 from ..store.faults import report_unusable
 from ..store.lru import ByteLRU
 from ..store.objformat import MODE_GITLINK, MODE_TREE, MODE_TYPE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS
-from ..store.odb import MissingObject, ObjectSnapshot, ObjectStoreError
+from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
 
 __all__ = ["CommitInfo", "CommitSource", "PEEL_LIMIT", "TreeChange", "WalkTooLong", "equal_run",
@@ -247,8 +248,10 @@ class CommitSource:
         # here, and every walk stops at them, as C git's grafts make it (shallow.c).
         self.grafts = grafts
         self.hex_len = odb.hash_len * 2
-        self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False)
-        self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False)
+        memory = odb.registry.memory  # where this request's caches are counted (lru.py)
+        self._commits = ByteLRU[CommitInfo]("commits", COMMITS_BUDGET, shared=False,
+                                            parent=memory)
+        self._trees = ByteLRU[bytes]("trees", TREES_BUDGET, shared=False, parent=memory)
         self._graph_pos: dict[bytes, int] = {}  # see object_type
 
     def commit(self, oid: bytes) -> CommitInfo:
@@ -267,8 +270,8 @@ class CommitSource:
                 # Its checksum was right when it was opened: a git bug, or a file changed
                 # in place. This request parses commits from here on (ARCHITECTURE.md
                 # "Errors": an unusable commit-graph means parsed commits).
-                report_unusable("commit-graph", self.graph.path, self.graph.key, exc,
-                                "parsing commits instead")
+                report_unusable(self.odb.registry.faults, "commit-graph", self.graph.path,
+                                self.graph.key, exc, "parsing commits instead")
                 self.graph, entry = None, None
             if entry is not None:
                 return CommitInfo(entry[0], entry[1], entry[2])

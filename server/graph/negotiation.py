@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..store.errors import ObjectStoreError
 from ..store.objformat import OBJ_COMMIT
-from ..store.odb import ObjectStoreError
 from .commits import CommitSource
 
 __all__ = ["HaveTracker"]

@@ -16,11 +16,11 @@ from gitspout.protocol.fetch_request import INFINITE_DEPTH, FetchRequest
 from ..store.objformat import OBJ_COMMIT
 from .commits import CommitSource
 
-__all__ = ["ShallowPlan", "plan_shallow"]
+__all__ = ["ShallowBoundary", "shallow_boundary"]
 
 
 @dataclass(frozen=True)
-class ShallowPlan:
+class ShallowBoundary:
     """What to tell the client and how to cut the object walk.
 
     ``shallow``/``unshallow`` are the lines to send; ``cut`` holds the commits whose parents
@@ -100,19 +100,19 @@ def _commit_heads(src: CommitSource, oids: Sequence[bytes]) -> list[bytes]:
     return heads
 
 
-def plan_shallow(
+def shallow_boundary(
     src: CommitSource,
     req: FetchRequest,
     wants: Sequence[bytes],
     client_shallows: Sequence[bytes],
     deepen_not: Sequence[bytes],
-) -> ShallowPlan:
+) -> ShallowBoundary:
     """Compute the shallow/unshallow answer. ``client_shallows`` are the client's shallow
     lines that name commits we have; ``deepen_not`` are resolved commit ids."""
     depth = req.depth
     if depth == 0 and not req.deepen_rev_list:
         if not (src.grafts and req.version == 2):
-            return ShallowPlan(cut=frozenset(client_shallows))
+            return ShallowBoundary(cut=frozenset(client_shallows))
         # A shallow repository answers every v2 fetch with its shallow commits the wants
         # reach (upload-pack.c send_shallow_info: deepen(INFINITE_DEPTH)).
         depth = INFINITE_DEPTH
@@ -138,4 +138,4 @@ def plan_shallow(
     for c in unshallow:
         extra.extend(src.commit(c).parents)
     cut = frozenset(shallow_lines) | client
-    return ShallowPlan(tuple(shallow_lines), tuple(unshallow), cut, tuple(extra), True)
+    return ShallowBoundary(tuple(shallow_lines), tuple(unshallow), cut, tuple(extra), True)

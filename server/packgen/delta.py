@@ -3,7 +3,7 @@
 A pack sometimes holds an object whose stored base is not sent (the tips of a ``--depth 1``
 clone: each file's version is stored against an older one the client will not get). Sent
 whole, it costs a zlib pass over all of it and the bytes of all of it. Against the version
-of the same path that is sent (docs/ARCHITECTURE.md, "Cold path", "New deltas"), a delta
+of the same path that is sent (docs/performance.md, "New deltas and shallow clones"), a delta
 is smaller and cheaper to compress, if making it is cheap. dulwich's ``create_delta`` is
 not, for this use: its time grows with the product of the sizes of what differs (69 KB
 with 5% of its lines changed: 17 ms; 200 KB unrelated: 1.3 s), where zlib takes 2-3 ms.

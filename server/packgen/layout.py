@@ -27,17 +27,15 @@ import numpy as np
 
 from ..store.lru import ByteLRU
 from ..store.objformat import OFS_DELTA, REF_DELTA
-from ..store.packs import PackFile, as_array, encode_entry_header, encode_ofs_distance
+from ..store.packentry import encode_entry_header, encode_ofs_distance
+from ..store.packs import PackFile
 from ..store.packscan import HEAD_BYTES, scan_headers
+from ..store.revindex import as_array
 
-__all__ = ["Layout", "layout_for", "LAYOUTS_BUDGET"]
+__all__ = ["Layout", "layout_for"]
 
-LAYOUTS_BUDGET = 64 << 20  # docs/ARCHITECTURE.md, "Caches"
 WINDOW = 4 << 20  # pack bytes read at once while laying out or copying
 _HEADER_MAX = 32  # type/size varint (at most 10 bytes) + OFS varint (at most 10)
-
-_LAYOUTS = ByteLRU["Layout"]("pack_layouts", LAYOUTS_BUDGET)
-
 
 @dataclass(slots=True)
 class Layout:
@@ -81,8 +79,10 @@ _NONE = Layout(array("I"), array("Q"), b"", array("Q", [0]), array("Q"), array("
 
 
 def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = None,
-               compression: int = zlib.Z_DEFAULT_COMPRESSION) -> Layout | None:
-    """The layout of ``ranks`` (ascending) from ``pack``, cached; None when an entry cannot
+               compression: int = zlib.Z_DEFAULT_COMPRESSION,
+               cache: ByteLRU[Layout] | None = None) -> Layout | None:
+    """The layout of ``ranks`` (ascending) from ``pack``, kept in ``cache`` (packs never
+    change, so the key is exact); None when an entry cannot
     be copied this way: a REF_DELTA, or a delta whose base is not among ``ranks`` unless
     ``resolve`` is given, in which case that entry is written whole (its object read and
     compressed once, kept in the layout: git's blob:limit keeps a small blob stored as a
@@ -91,7 +91,7 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
         return None
     order = array("I", ranks)
     key = (pack.key, hashlib.sha1(order.tobytes()).digest(), resolve is not None)
-    hit = _LAYOUTS.get(key)
+    hit = cache.get(key) if cache is not None else None
     if hit is not None:
         return None if hit is _NONE else hit
     try:
@@ -100,8 +100,9 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
             layout = _compute(pack, order, resolve, compression)
     except IndexError:  # an entry header past what the file holds
         raise pack.corrupt("truncated entry header") from None
-    _LAYOUTS.put(key, _NONE if layout is None else layout,
-                 200 if layout is None else layout.cost())
+    if cache is not None:
+        cache.put(key, _NONE if layout is None else layout,
+                  200 if layout is None else layout.cost())
     return layout
 
 

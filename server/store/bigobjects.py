@@ -2,7 +2,8 @@
 
 A loose object is inflated as it is read, in pieces of at most :data:`PIECE` bytes. An
 object that must be held whole (a delta resolved so that it can be sent whole) counts
-against one process-wide budget, :data:`INFLATE` (``--inflate-memory``): a request that
+against one process-wide :class:`ByteBudget` (``--inflate-memory``, ``app/budgets.py``,
+handed to the pack producer): a request that
 would go over it waits in its pool thread until others are done; one object alone always
 fits, so nothing waits forever. Nobody holds budget while waiting for a client.
 """
@@ -15,22 +16,22 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import StorageError
+from .errors import ObjectStoreError, StorageError
 from .fsops import FsOps
 from .objformat import TYPE_NUMS
-from .odb import ObjectStoreError
 
-__all__ = ["LARGE_OBJECT", "PIECE", "ByteBudget", "INFLATE", "iter_loose"]
+__all__ = ["LARGE_OBJECT", "PIECE", "ByteBudget", "DEFAULT_INFLATE_MEMORY", "iter_loose"]
 
 LARGE_OBJECT = 1 << 20  # above this, an object is streamed (and never deltified anew)
 PIECE = 256 << 10  # bytes inflated, deflated or read per step
 _READ = 64 << 10
+DEFAULT_INFLATE_MEMORY = 128 << 20
 
 
 class ByteBudget:
     """Bytes of large objects held whole at once, over all threads."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int = DEFAULT_INFLATE_MEMORY) -> None:
         self.limit = limit
         self.held = 0
         self.waits = 0  # times a thread had to wait
@@ -50,9 +51,6 @@ class ByteBudget:
             with self._cond:
                 self.held -= n
                 self._cond.notify_all()
-
-
-INFLATE = ByteBudget(128 << 20)
 
 
 def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | bytes]:

@@ -126,7 +126,7 @@ class PackBitmaps:
         # objects), counted in bytes
         self._bitmap_bytes = (pack.count + 7) // 8 or 1
         self._decoded = ByteLRU[int]("bitmaps", max(DECODED_BITMAPS * self._bitmap_bytes,
-                                                    DECODED_BYTES))
+                                                    DECODED_BYTES), parent=pack.memory)
         self._read_entries(pack, pos, count)
 
     def _read_entries(self, pack: PackFile, pos: int, count: int) -> None:
@@ -175,7 +175,7 @@ def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
         except FileNotFoundError:
             return None, 0
         except (OSError, BitmapFormatError, struct.error) as exc:
-            report_unusable("bitmap", pack.base + ".bitmap", pack.key, exc,
+            report_unusable(pack.faults, "bitmap", pack.base + ".bitmap", pack.key, exc,
                             "walking history instead")
             return None, 0
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from .fsops import FsOps
-from .lru import ByteLRU
+from .lru import ByteLRU, MemoryBudget
 
 __all__ = ["is_within", "OutsideRoot", "LinkGuard"]
 
@@ -48,12 +48,13 @@ class OutsideRoot(Exception):
 class LinkGuard:
     """Says whether symlinks stay inside ``root``; shared by all requests and threads."""
 
-    def __init__(self, root: str, allow_outside: bool = False) -> None:
+    def __init__(self, root: str, allow_outside: bool = False,
+                 memory: MemoryBudget | None = None) -> None:
         self.root = os.path.realpath(root)
         self.allow_outside = allow_outside
         # link path -> (identity of its target, real path when outside the root, else None)
         self._verdicts = ByteLRU[tuple[tuple[int, int], str | None]](
-            "link_verdicts", _MAX_VERDICTS, unit="entries")
+            "link_verdicts", _MAX_VERDICTS, unit="entries", parent=memory)
 
     def check_link(self, fs: FsOps, link: str) -> None:
         """Raise :class:`OutsideRoot` when ``link``, a path a listing showed to be a

@@ -23,7 +23,7 @@ The subclasses keep the names their modules have always used:
 
 from __future__ import annotations
 
-__all__ = ["StorageError"]
+__all__ = ["StorageError", "ObjectStoreError", "MissingObject"]
 
 
 class StorageError(Exception):
@@ -47,3 +47,17 @@ class StorageError(Exception):
             self.kind = kind
         if what is not None:
             self.what = what
+
+
+class ObjectStoreError(StorageError):
+    """The repository's object store is damaged or unreadable."""
+
+    what = "damaged object store"
+
+
+class MissingObject(ObjectStoreError):
+    what = "missing object"
+
+    def __init__(self, oid: bytes) -> None:
+        super().__init__(f"missing object {oid.hex()}")
+        self.oid = oid

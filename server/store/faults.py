@@ -1,8 +1,9 @@
 """Storage faults, counted by kind and reported once per file (docs/ARCHITECTURE.md
 "Errors", "Storage faults").
 
-Two outcomes are counted, in plain integers the metrics layer reads at scrape time (the
-store imports no metrics library):
+Two outcomes are counted by the process's :class:`FaultCounts` (the pack registry's,
+``store/registry.py``), in plain integers the metrics layer reads at scrape time (the store
+imports no metrics library):
 
 - ``failed``: a request was answered as a server fault (500, or ``ERR`` in-band) because of
   a damaged file of this kind (``app/errors.py`` counts it, once per request);
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
-__all__ = ["FAULTS", "FaultCounts", "KINDS", "report_unusable"]
+__all__ = ["FaultCounts", "KINDS", "report_unusable"]
 
 log = logging.getLogger("gitspout")
 
@@ -55,14 +56,14 @@ class FaultCounts:
             return dict(self.counts)
 
 
-FAULTS = FaultCounts()
-
-
-def report_unusable(kind: str, path: str, identity: object, exc: BaseException,
-                    instead: str) -> None:
+def report_unusable(faults: FaultCounts | None, kind: str, path: str, identity: object,
+                    exc: BaseException, instead: str) -> None:
     """A file of ``kind`` at ``path`` cannot be used and the server does ``instead``: log it
-    with its path (for the operator) and count it, once per (path, identity)."""
-    if not FAULTS.first_report((kind, path, identity)):
-        return
-    FAULTS.count(kind, "fallback")
+    with its path (for the operator) and count it in ``faults``, once per (path,
+    identity). Without ``faults`` (a pack opened outside a registry) it is logged each
+    time."""
+    if faults is not None:
+        if not faults.first_report((kind, path, identity)):
+            return
+        faults.count(kind, "fallback")
     log.warning("unusable %s %s (%s: %s); %s", kind, path, type(exc).__name__, exc, instead)

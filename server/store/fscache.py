@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .confine import LinkGuard
 from .fsops import FsOps
-from .lru import ByteLRU
+from .lru import ByteLRU, MemoryBudget
 
 __all__ = ["DirCache", "Listing", "Entry", "RACY_NS", "LOCAL_RACY_NS", "racy_window"]
 
@@ -91,12 +91,12 @@ class DirCache:
     """Listings of directories and contents of small files, shared by all requests."""
 
     def __init__(self, enabled: bool = True, max_dirs: int = 100_000,
-                 guard: LinkGuard | None = None) -> None:
+                 guard: LinkGuard | None = None, memory: MemoryBudget | None = None) -> None:
         self.enabled = enabled
         self.guard = guard  # None: symlinks are followed wherever they lead (tests, tools)
         # path -> its last listing; (path, inode, directory listing key) -> content
-        self._dirs = ByteLRU[Listing]("listings", max_dirs, unit="entries")
-        self._files = ByteLRU[bytes]("files", max_dirs, unit="entries")
+        self._dirs = ByteLRU[Listing]("listings", max_dirs, unit="entries", parent=memory)
+        self._files = ByteLRU[bytes]("files", max_dirs, unit="entries", parent=memory)
 
     def listing(self, fs: FsOps, path: str, nofollow: bool = False) -> Listing | None:
         """The entries of ``path`` (None when it does not exist): one stat when cached.

@@ -1,17 +1,18 @@
 """The one LRU of gitspout: every cache, process-wide or per request, is a :class:`ByteLRU`.
 
 Each cache has a name and a budget, in bytes (each ``put`` gives the value's cost) or in
-entries (each value costs 1). Lookups and evictions are counted per name, over every
-instance of that name (each repository's ref snapshots, each request's trees...), in one
-process-wide table that ``app/metrics.py`` exports (docs/ARCHITECTURE.md, "Caches").
+entries (each value costs 1).
 
-Every cache shared across requests also counts against one :class:`MemoryBudget`, the
-process-wide :data:`MEMORY` (``--cache-memory``), in bytes: a cache counted in entries
-tells what each entry holds (``nbytes`` on ``put``, else ``entry_bytes``). When all of them
-together hold more than that budget, the least recently used cache gives up its least
-recently used values until they fit (with room to spare: down to 7/8 of the budget): a
-cache of a repository nobody asked for lately goes first, the cache every request uses
-last.
+Every cache of the server belongs to one :class:`MemoryBudget` (``--cache-memory``, built
+once by ``app/budgets.py`` and handed down), which keeps two things. Lookups and evictions,
+per name, over every instance of that name (each repository's ref snapshots, each
+request's trees...): ``app/metrics.py`` exports them. And the bytes every cache shared
+across requests holds: a cache counted in entries tells what each entry holds (``nbytes``
+on ``put``, else ``entry_bytes``). When all of them together hold more than the budget,
+the least recently used cache gives up its least recently used values until they fit
+(with room to spare: down to 7/8 of the budget): a cache of a repository nobody asked for
+lately goes first, the cache every request uses last. A cache made without a budget
+(tests, tools) counts for itself alone.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from collections.abc import Callable, Hashable
 from contextlib import nullcontext
 from typing import Generic, Literal, TypeVar
 
-__all__ = ["ByteLRU", "CacheStats", "all_cache_stats", "MemoryBudget", "MEMORY",
-           "DEFAULT_CACHE_MEMORY"]
+__all__ = ["ByteLRU", "CacheStats", "MemoryBudget", "DEFAULT_CACHE_MEMORY"]
 
 V = TypeVar("V")
 Unit = Literal["bytes", "entries"]
@@ -48,33 +48,14 @@ class CacheStats:
         self.evictions = 0
 
 
-_STATS: dict[str, CacheStats] = {}
-_STATS_LOCK = threading.Lock()
-
-
-def _stats_for(name: str, unit: Unit) -> CacheStats:
-    stats = _STATS.get(name)
-    if stats is None:
-        with _STATS_LOCK:
-            stats = _STATS.setdefault(name, CacheStats(name, unit))
-    if stats.unit != unit:
-        raise ValueError(f"cache {name!r} is counted in {stats.unit}, not {unit}")
-    return stats
-
-
-def all_cache_stats() -> list[CacheStats]:
-    """The statistics of every cache name created so far in this process."""
-    with _STATS_LOCK:
-        return list(_STATS.values())
-
-
 DEFAULT_CACHE_MEMORY = 256 << 20
 
 _ticks = itertools.count()  # next() is atomic under the GIL: a clock of cache uses
 
 
 class MemoryBudget:
-    """One limit in bytes over many :class:`ByteLRU` caches (``--cache-memory``)."""
+    """One limit in bytes over many :class:`ByteLRU` caches (``--cache-memory``), and the
+    statistics of every cache name that belongs to it."""
 
     def __init__(self, limit: int = DEFAULT_CACHE_MEMORY) -> None:
         self.limit = limit
@@ -84,6 +65,22 @@ class MemoryBudget:
         self._lock = threading.Lock()
         self._settling = False
         self._gone: deque[int] = deque()  # bytes of caches collected (see ByteLRU.__del__)
+        self._stats: dict[str, CacheStats] = {}
+
+    def stats_for(self, name: str, unit: Unit) -> CacheStats:
+        """The statistics every cache called ``name`` counts in."""
+        stats = self._stats.get(name)
+        if stats is None:
+            with self._lock:
+                stats = self._stats.setdefault(name, CacheStats(name, unit))
+        if stats.unit != unit:
+            raise ValueError(f"cache {name!r} is counted in {stats.unit}, not {unit}")
+        return stats
+
+    def all_stats(self) -> list[CacheStats]:
+        """The statistics of every cache name of this budget so far."""
+        with self._lock:
+            return list(self._stats.values())
 
     def join(self, cache: ByteLRU[V]) -> None:
         with self._lock:
@@ -119,10 +116,6 @@ class MemoryBudget:
                 self._settling = False
 
 
-MEMORY = MemoryBudget()
-"""The process-wide budget; the server sets its ``limit`` from ``--cache-memory``."""
-
-
 class ByteLRU(Generic[V]):
     """Least recently used values up to ``budget`` (``unit``: bytes or entries).
 
@@ -130,8 +123,8 @@ class ByteLRU(Generic[V]):
     not flush everything else. ``shared`` caches are used by several threads and take a
     lock; a request's own cache (``shared=False``) is used by one thread at a time.
 
-    A shared cache counts against ``parent`` (:data:`MEMORY` unless told otherwise; a
-    request's own cache against none). ``on_evict`` is called with (key, value) of each
+    A shared cache counts its bytes against ``parent``; a request's own cache
+    (``shared=False``) only its lookups. ``on_evict`` is called with (key, value) of each
     value evicted, outside the lock.
     """
 
@@ -139,11 +132,12 @@ class ByteLRU(Generic[V]):
                  "_on_evict", "_bytes", "held", "entry_bytes", "last_use", "__weakref__")
 
     def __init__(self, name: str, budget: int, *, unit: Unit = "bytes", shared: bool = True,
-                 parent: MemoryBudget | None = MEMORY, entry_bytes: int = 256,
+                 parent: MemoryBudget | None = None, entry_bytes: int = 256,
                  on_evict: Callable[[Hashable, V], None] | None = None) -> None:
         self.name = name
         self.budget = budget
-        self.stats = _stats_for(name, unit)
+        self.stats = parent.stats_for(name, unit) if parent is not None \
+            else CacheStats(name, unit)
         # key -> (value, cost in the cache's unit); in ``_bytes``, what it holds in bytes
         self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._size = 0

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+from collections.abc import Iterable
 
 from gitspout.protocol.oid import HEX_LEN
 
 __all__ = [
+    "ids_digest",
     "OBJ_COMMIT",
     "OBJ_TREE",
     "OBJ_BLOB",
@@ -57,6 +59,18 @@ EMPTY_TREE = {hash_len: new(b"tree 0\0").digest() for hash_len, new in _HASH_NEW
 def new_hash(hash_len: int) -> hashlib._Hash:
     """A fresh hash object of the object format whose ids are ``hash_len`` bytes long."""
     return _HASH_NEW[hash_len]()
+
+
+def ids_digest(*groups: Iterable[bytes]) -> bytes:
+    """The one key of sets of object ids that caches are keyed by (closures of tips, pack
+    orders): each group without duplicates and sorted, groups kept apart by their sizes.
+    Objects are immutable, so what is computed from given ids never changes."""
+    h = hashlib.sha256()
+    for group in groups:
+        ids = sorted(set(group))
+        h.update(len(ids).to_bytes(8, "big"))
+        h.update(b"".join(ids))
+    return h.digest()
 
 
 def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool | None:

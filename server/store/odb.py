@@ -13,68 +13,37 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-import zlib
-from typing import NamedTuple
 
 from dulwich.errors import ApplyDeltaError
 from dulwich.pack import apply_delta
 
 from .commitgraph import CommitGraph
-from .errors import StorageError
-from .faults import FAULTS, report_unusable
+from .errors import MissingObject, ObjectStoreError
+from .faults import report_unusable
 from .fscache import DirCache, Listing
 from .fsops import FsOps
-from .objformat import EMPTY_TREE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA, TYPE_NUMS
-from .packs import EntryHeader, PackFile, PackFormatError, Windows
-from .registry import LOOSE_ID_COST, Leased, PackRegistry, out_of_descriptors
+from .loose import EMPTY_TREE_PATH, LooseObjects
+from .objformat import EMPTY_TREE, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, OFS_DELTA, REF_DELTA
+from .objsizes import MAX_CHAIN, ObjectSizes
+from .packs import EntryHeader, PackedLocation, PackFile, PackFormatError, Windows
+from .registry import Leased, PackRegistry, out_of_descriptors
 
-__all__ = ["ObjectSnapshot", "PackRegistry", "MissingObject", "PackedLocation", "ObjectStoreError"]
+__all__ = ["ObjectSnapshot", "PackRegistry", "PackedLocation"]
 
 log = logging.getLogger("gitspout")
 
-_MAX_CHAIN = 10_000
 _MAX_ALTERNATE_DEPTH = 5
 MANY_PACKS = 16  # from this many packs on, lookups try the pack of the last hit first
 # Object directories one request reads at most, its own included. C git reads any number;
 # each costs a listing and its packs on every request, and an alternates file is
 # whatever its writer put there.
 MAX_OBJECT_DIRS = 32
-_HEX = "0123456789abcdef"
-_FANOUT = frozenset(a + b for a in _HEX for b in _HEX)
-_FANOUT_NAMES = [f"{i:02x}" for i in range(256)]  # a first byte -> its fan-out directory
 
 
 _SKIPPED = "skipped: requests needing an object it may hold fail"
 
 
-class ObjectStoreError(StorageError):
-    """The repository's object store is damaged or unreadable."""
-
-    what = "damaged object store"
-
-
-class MissingObject(ObjectStoreError):
-    what = "missing object"
-
-    def __init__(self, oid: bytes) -> None:
-        super().__init__(f"missing object {oid.hex()}")
-        self.oid = oid
-
-
-EMPTY_TREE_PATH = "<the empty tree>"
-"""Where :meth:`ObjectSnapshot.locate` says the empty tree is when no file holds it: read
-as a loose object whose path no file has (objformat.EMPTY_TREE)."""
-
-
-class PackedLocation(NamedTuple):
-    """Where a packed object is (a tuple: one is made per object read)."""
-
-    pack: PackFile
-    pos: int
-    offset: int
-
-
-class ObjectSnapshot:
+class ObjectSnapshot(LooseObjects, ObjectSizes):
     """One request's view of ``objects/``: frozen pack list, lazy loose listing."""
 
     def __init__(
@@ -167,13 +136,13 @@ class ObjectSnapshot:
                 if out_of_descriptors(exc):
                     raise  # not the pack's fault: the request fails, the next one works
                 broken.append(_unopenable(stem, exc))
-                report_unusable("io", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
+                self._unusable("io", os.path.join(pack_dir, stem), key, exc)
             except PackFormatError as exc:
                 broken.append(exc)  # skipped, but a needed object missing then names it
-                report_unusable(exc.kind, os.path.join(pack_dir, stem), key, exc, _SKIPPED)
+                self._unusable(exc.kind, os.path.join(pack_dir, stem), key, exc)
             except ValueError as exc:  # an empty file (mmap of nothing)
                 broken.append(_unopenable(stem, exc))
-                report_unusable("pack", os.path.join(pack_dir, stem), key, exc, _SKIPPED)
+                self._unusable("pack", os.path.join(pack_dir, stem), key, exc)
         self.broken = broken
         self.registry.forget_missing(live, pack_dir)
         # Largest packs first: most lookups hit the main pack.
@@ -253,9 +222,12 @@ class ObjectSnapshot:
                                        self.dirs, seen))
         return alts
 
+    def _unusable(self, kind: str, path: str, key: tuple[object, ...], exc: Exception) -> None:
+        report_unusable(self.registry.faults, kind, path, key, exc, _SKIPPED)
+
     def _too_many(self, line: str, data: bytes) -> None:
         """One line per alternates file version, not one per request."""
-        if FAULTS.first_report(("alternates-cap", self.objects_dir, data)):
+        if self.registry.faults.first_report(("alternates-cap", self.objects_dir, data)):
             log.warning("%s/info/alternates: more than %d object directories in all; "
                         "ignoring %s and the entries after it", self.objects_dir,
                         MAX_OBJECT_DIRS, line)
@@ -282,50 +254,6 @@ class ObjectSnapshot:
         result = tuple(out)
         cache.put(key, result)
         return result
-
-    # -- loose objects ----------------------------------------------------------
-
-    def _loose_ids(self, first: int) -> frozenset[bytes]:
-        """The loose object ids whose first byte is ``first``: the fan-out directory is
-        listed once per request (one stat while unchanged, through the listing cache), and
-        only when asked for: a few haves cost a few stats, not one per fan-out directory
-        (hundreds, in a repository pushed to often and not yet repacked)."""
-        if self._loose is None:
-            top = self._listing(self.objects_dir, self._loose_fresh)
-            self._loose = {name: None for name, _, is_dir in (top.entries if top else ())
-                           if is_dir and name in _FANOUT}
-        name = _FANOUT_NAMES[first]
-        if name not in self._loose:
-            return frozenset()
-        ids = self._loose[name]
-        if ids is None:
-            ids = self._loose[name] = self._fanout_ids(name, self._loose_fresh)
-        return ids
-
-    def _fanout_ids(self, name: str, fresh: bool) -> frozenset[bytes]:
-        fanout = os.path.join(self.objects_dir, name)
-        listing = self._listing(fanout, fresh)
-        if listing is None:
-            return frozenset()
-        self.dirs.check_links(self.fs, fanout, listing)  # loose objects are read by name
-        cache = self.registry.fanout_ids
-        cached = cache.get((self.objects_dir, name), lambda c: c[0] == listing.key)
-        if cached is not None:
-            return cached[1]
-        ids = set()
-        for obj, _, _ in listing.entries:
-            try:
-                ids.add(bytes.fromhex(name + obj))
-            except ValueError:
-                continue  # temporary files such as tmp_obj_XXXX
-        result = frozenset(ids)
-        if listing.trusted:
-            cache.put((self.objects_dir, name), (listing.key, result), LOOSE_ID_COST * (1 + len(result)))
-        return result
-
-    def _loose_path(self, oid: bytes) -> str:
-        hx = oid.hex()
-        return os.path.join(self.objects_dir, hx[:2], hx[2:])
 
     # -- lookups -----------------------------------------------------------------
 
@@ -399,50 +327,12 @@ class ObjectSnapshot:
             return self._read_loose(loc, oid)
         return self.read_packed(loc.pack, loc.offset)
 
-    def _read_loose(self, path: str, oid: bytes) -> tuple[int, bytes]:
-        if path == EMPTY_TREE_PATH:
-            return OBJ_TREE, b""
-        cache = self.registry.objects
-        hit = cache.get(("loose", oid))
-        if hit is not None:
-            return hit  # objects are immutable: the id is the whole key
-        try:
-            raw = zlib.decompress(self.fs.read_file(path))
-        except FileNotFoundError:
-            # Packed away by a concurrent gc: look again (at the directories themselves,
-            # not at this request's racy listings of them).
-            self._loose = None
-            self._loose_fresh = True
-            loc = self.locate(oid, needed=True)
-            if loc is None or isinstance(loc, str):
-                raise MissingObject(oid) from None
-            return self.read_packed(loc.pack, loc.offset)
-        except zlib.error as exc:
-            raise ObjectStoreError(f"corrupt loose object {oid.hex()}: {exc}") from None
-        head, _, body = raw.partition(b"\0")
-        type_name, _, size = head.partition(b" ")
-        type_num = TYPE_NUMS.get(type_name)
-        if type_num is None or not size.isdigit() or int(size) != len(body):
-            raise ObjectStoreError(f"corrupt loose object {oid.hex()}")
-        cache.put(("loose", oid), (type_num, body), len(body))
-        return type_num, body
-
-    def cached_loose(self, oid: bytes) -> tuple[int, bytes] | None:
-        """A loose object from the process-wide objects cache, if it is there."""
-        if oid == EMPTY_TREE[self.hash_len]:
-            return OBJ_TREE, b""
-        return self.registry.objects.get(("loose", oid))  # type: ignore[no-any-return]
-
-    def keep_loose(self, oid: bytes, type_num: int, data: bytes) -> None:
-        """Cache a loose object read elsewhere (store/bigobjects.py), as _read_loose does."""
-        self.registry.objects.put(("loose", oid), (type_num, data), len(data))
-
     def read_packed(self, pack: PackFile, offset: int) -> tuple[int, bytes]:
         """Read and resolve the entry at ``offset`` (following delta chains)."""
         cache = self.registry.objects
         chain: list[tuple[PackFile, int, EntryHeader, bytes | memoryview | None]] = []
         type_num, data = 0, b""
-        for _ in range(_MAX_CHAIN):
+        for _ in range(MAX_CHAIN):
             hit = cache.get((pack.key, offset))
             if hit is not None:
                 type_num, data = hit
@@ -477,86 +367,6 @@ class ObjectSnapshot:
             cache.put((p.key, off), (type_num, data), len(data))
         return type_num, data
 
-    def object_size(self, oid: bytes) -> tuple[int, int] | None:
-        """(type number, size) of ``oid`` without inflating whole deltas, or None.
-
-        Every caller asks about an object the request needs (a want being peeled, a blob
-        named by a tree), so a miss is a true one: a concurrent ``git gc`` may have packed
-        the loose file into a pack listed after this request froze its list.
-        """
-        loc = self.locate(oid, needed=True)
-        if loc is None:
-            return None
-        if isinstance(loc, str):
-            type_num, data = self._read_loose(loc, oid)
-            return type_num, len(data)
-        return self.packed_size(loc.pack, loc.offset)
-
-    def packed_size(self, pack: PackFile, offset: int) -> tuple[int, int]:
-        hdr = pack.read_header(offset)
-        if hdr.type_num not in (OFS_DELTA, REF_DELTA):
-            return hdr.type_num, hdr.size
-        return self._base_type(pack, hdr), self._delta_result_size(pack, hdr)
-
-    def packed_object_size(self, pack: PackFile, offset: int) -> int:
-        """The size of the object at ``offset``, as git's ``packed_object_info`` gives it:
-        the header's size for a whole object, the delta header's result size for a delta
-        (the start of the delta inflated, its base never read)."""
-        hdr = pack.read_header(offset)
-        if hdr.type_num not in (OFS_DELTA, REF_DELTA):
-            return hdr.size
-        return self._delta_result_size(pack, hdr)
-
-    @staticmethod
-    def _delta_result_size(pack: PackFile, hdr: EntryHeader) -> int:
-        # The target size is the second varint of the delta; its type is the base's.
-        d = zlib.decompressobj()
-        head = b""
-        pos = hdr.data_offset
-        while len(head) < 20 and not d.eof:
-            data = pack.read_raw(pos, pos + 256)
-            if not data:
-                raise pack.corrupt(f"truncated delta at {hdr.data_offset}")
-            pos += len(data)
-            try:
-                head += d.decompress(data, 32 - len(head))
-            except zlib.error as exc:
-                raise pack.corrupt(f"bad zlib data in entry at {hdr.data_offset}: {exc}") from None
-        try:
-            _, at = _varint(head, 0)
-            size, _ = _varint(head, at)
-        except IndexError:
-            raise pack.corrupt(f"truncated delta at {hdr.data_offset}") from None
-        return size
-
-    def _base_type(self, pack: PackFile, hdr: object) -> int:
-        for _ in range(_MAX_CHAIN):
-            assert hasattr(hdr, "type_num")
-            if hdr.type_num == OFS_DELTA:  # type: ignore[attr-defined]
-                hdr = pack.read_header(hdr.base_offset)  # type: ignore[attr-defined]
-            elif hdr.type_num == REF_DELTA:  # type: ignore[attr-defined]
-                loc = self.locate(hdr.base_oid, needed=True)  # type: ignore[attr-defined]
-                if loc is None:
-                    raise MissingObject(hdr.base_oid)  # type: ignore[attr-defined]
-                if isinstance(loc, str):
-                    return self._read_loose(loc, hdr.base_oid)[0]  # type: ignore[attr-defined]
-                pack, hdr = loc.pack, loc.pack.read_header(loc.offset)
-            else:
-                return hdr.type_num  # type: ignore[attr-defined,no-any-return]
-        raise ObjectStoreError("delta chain too long")
-
-
 def _unopenable(stem: str, exc: Exception) -> PackFormatError:
     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return PackFormatError(f"{stem}.pack: cannot open: {why}", pack=stem + ".pack")
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        c = buf[pos]
-        pos += 1
-        value |= (c & 0x7F) << shift
-        shift += 7
-        if not c & 0x80:
-            return value, pos

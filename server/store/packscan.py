@@ -3,9 +3,9 @@
 Two cold paths need a header per entry for a large part of a pack: the layout of a filtered
 clone (``packgen/layout.py``: which entries are deltas, and against what) and the base rank
 of every entry (``PackFile.base_ranks``). A Python step per entry costs about 1.5 µs, a
-second for git/git's 841k entries. Here the pack is read in large windows, as before, and
-each window's headers are decoded together: a varint is a few vector steps over every
-entry whose varint is that long still (docs/ARCHITECTURE.md, "Cold path").
+second for git/git's 841k entries. Here the pack is read in large windows and each
+window's headers are decoded together: a varint is a few vector steps over every entry
+whose varint is that long still (docs/ARCHITECTURE.md, "Cold path").
 """
 
 from __future__ import annotations

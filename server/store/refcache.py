@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .lru import MEMORY, ByteLRU, MemoryBudget
+from .lru import ByteLRU, MemoryBudget
 from .packedrefs import PackedRefs, RefSegment
 from .refsnapshot import RefSnapshot
 from .reftable import Table
@@ -35,7 +35,7 @@ class RefCache:
     the last packed-refs parse (which the next version of the file is diffed against, so
     it is not evicted while the repository is kept) by a charge of its size."""
 
-    def __init__(self, parent: MemoryBudget | None = MEMORY) -> None:
+    def __init__(self, parent: MemoryBudget | None = None) -> None:
         # (packed-refs inode, git dir listing key) -> parsed packed-refs (the same object
         # as ``last_packed``: counted there)
         self.packed: ByteLRU[PackedRefs] = ByteLRU("packed_refs", PACKED_ENTRIES,

@@ -36,12 +36,12 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
-from .faults import report_unusable
+from .faults import FaultCounts, report_unusable
 from .fsops import FsOps
-from .lru import ByteLRU
+from .lru import ByteLRU, MemoryBudget
 from .objformat import file_trailer_matches
 from .packs import PackFile, PackFormatError, close_files
 
@@ -52,7 +52,7 @@ T = TypeVar("T")
 DEFAULT_MAX_OPEN = 256  # descriptors and maps; leaves most of ulimit -n 1024 to sockets
 
 # Budgets of the caches below (docs/ARCHITECTURE.md, "Caches"); all of them together are
-# held within --cache-memory (lru.MEMORY).
+# held within --cache-memory (the registry's ``memory``).
 OBJECTS_BUDGET = 16 << 20  # bytes of inflated commits, trees, tags and delta results
 PEELED_BUDGET = 64 << 20  # bytes, at PEELED_COST a tag
 PEELED_COST = 256  # a hex id, its hex target and the LRU's own bookkeeping
@@ -109,7 +109,12 @@ class PackRegistry:
     """Every open :class:`PackFile` (key: pack directory, stem, idx inode, pack inode) and
     :class:`CommitGraph` (key: info directory, name, inode), least recently used first."""
 
-    def __init__(self, cache_budget: int = OBJECTS_BUDGET, max_open: int = DEFAULT_MAX_OPEN) -> None:
+    def __init__(self, cache_budget: int = OBJECTS_BUDGET, max_open: int = DEFAULT_MAX_OPEN,
+                 memory: MemoryBudget | None = None) -> None:
+        # Every cache of the object layer counts against ``memory`` (--cache-memory), and
+        # every unusable file is counted in ``faults`` (store/faults.py, for /metrics).
+        self.memory = memory
+        self.faults = FaultCounts()
         # Files leased by a request or holding descriptors, by key.
         self._open: dict[tuple[object, ...], Leased] = {}
         # Files holding descriptors now (by id), least recently used first: the budget's.
@@ -126,21 +131,24 @@ class PackRegistry:
         self.evicted = 0  # closed to stay within max_open
         self.released = 0  # closed because their directory no longer lists them
         # (pack key, offset) or ("loose", id) -> (type, content)
-        self.objects = ByteLRU[tuple[int, bytes]]("objects", cache_budget)
+        self.objects = ByteLRU[tuple[int, bytes]]("objects", cache_budget, parent=memory)
         # (pack key, kind) -> (data,): name prefixes, reverse index, base ranks, bitmaps
         self.pack_data = ByteLRU[tuple[object]]("pack_indexes", PACK_DATA_BUDGET,
-                                                on_evict=self._pack_data_evicted)
+                                                on_evict=self._pack_data_evicted, parent=memory)
         # hex id -> hex id it peels to, b"" when it is not a tag (immutable facts)
-        self.peeled = ByteLRU[bytes]("peeled", PEELED_BUDGET)
-        self.reach_cache = ByteLRU[object]("object_sets", OBJECT_SETS_BUDGET)  # of wants
+        self.peeled = ByteLRU[bytes]("peeled", PEELED_BUDGET, parent=memory)
         # (objects dir, fan-out name) -> (listing key, ids)
-        self.fanout_ids = ByteLRU[tuple[object, frozenset[bytes]]]("loose_ids", LOOSE_IDS_BUDGET)
+        self.fanout_ids = ByteLRU[tuple[object, frozenset[bytes]]](
+            "loose_ids", LOOSE_IDS_BUDGET, parent=memory)
         # (objects dir, alternates file content) -> ((line, real path), ...)
         self.alternates = ByteLRU[tuple[tuple[str, str], ...]]("alternates", ALTERNATES_ENTRIES,
-                                                              unit="entries")
+                                                              unit="entries", parent=memory)
         # pack key -> a closed PackFile nobody leases: its facts, checked once
         self.closed_packs = ByteLRU[PackFile]("pack_files", CLOSED_PACKS, unit="entries",
-                                              entry_bytes=PACK_FILE_BYTES)
+                                              entry_bytes=PACK_FILE_BYTES, parent=memory)
+        # Caches of the layers above keyed by pack keys (object sets, selections): their
+        # entries naming a pack go with it (keyed_by_packs).
+        self._by_pack: list[ByteLRU[Any]] = []
 
     # -- leases ----------------------------------------------------------------
 
@@ -174,6 +182,7 @@ class PackRegistry:
         try:
             pack = PackFile(base, hash_len, key, verify)
             pack.data_cache = self.pack_data
+            pack.memory, pack.faults = self.memory, self.faults
             pack.on_open = self._reopened
             pack.on_exhausted = self.shed
             try:
@@ -199,7 +208,7 @@ class PackRegistry:
         """Hash an index larger than VERIFY_INLINE_MAX in the background, from a read of
         its own (the request's map may be closed meanwhile), while requests use it: C git
         never hashes an index it opens, and git/git's 24 MB cost a cold request 14 ms
-        (docs/ARCHITECTURE.md "Cold path"). A mismatch retires the pack (requests holding
+        (docs/performance.md "Cold path"). A mismatch retires the pack (requests holding
         it finish; later ones skip it, as they would have from the start) and is reported
         once; a match is remembered like an inline one."""
         ok = file_trailer_matches(base + ".idx", pack.hash_len, key[2])
@@ -218,7 +227,8 @@ class PackRegistry:
             if self._open.get(key) is pack:
                 victims = self._retire_locked(key)
         self._close(victims)
-        report_unusable("idx", base + ".idx", key, exc, "the pack is skipped from now on")
+        report_unusable(self.faults, "idx", base + ".idx", key, exc,
+                        "the pack is skipped from now on")
 
     def _pack_data_evicted(self, key: object, _value: object) -> None:
         """The memory budget let a pack's derived data go: the open PackFile forgets it."""
@@ -247,8 +257,8 @@ class PackRegistry:
             if len(self._bad_graphs) >= 10_000:
                 self._bad_graphs.clear()
             self._bad_graphs[key] = True
-            report_unusable("commit-graph", os.path.join(info, "commit-graph"), inode, exc,
-                            "parsing commits instead")
+            report_unusable(self.faults, "commit-graph", os.path.join(info, "commit-graph"),
+                            inode, exc, "parsing commits instead")
             return None
         assert isinstance(graph, CommitGraph)
         return graph
@@ -405,7 +415,14 @@ class PackRegistry:
             return isinstance(k, tuple) and key in k
         self.objects.drop_where(mentions)
         self.pack_data.drop_where(mentions)
-        self.reach_cache.drop_where(mentions)
+        for cache in self._by_pack:
+            cache.drop_where(mentions)
+
+    def keyed_by_packs(self, cache: ByteLRU[T]) -> ByteLRU[T]:
+        """Register ``cache``, a cache of a layer above whose keys hold pack keys (as
+        items of a tuple): the entries naming a pack are dropped when the pack goes."""
+        self._by_pack.append(cache)
+        return cache
 
     # -- retiring ----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from .confine import is_within
 from .fscache import DirCache, Listing
 from .fsops import FsOps
 from .gitconfig import ConfigEntry, ConfigFileError, parse_config, read_config
-from .lru import ByteLRU
+from .lru import ByteLRU, MemoryBudget
 from .refcache import RefCache
 
 __all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config", "repo_config"]
@@ -245,14 +245,17 @@ class RepoResolver:
     Both maps are caches within --cache-memory: a repository nobody asked for lately is
     dropped with its caches, and resolved again (a few stats) when it is asked for."""
 
-    def __init__(self, root: str, allow_outside: bool = False) -> None:
+    def __init__(self, root: str, allow_outside: bool = False,
+                 memory: MemoryBudget | None = None) -> None:
         self.root = os.path.realpath(root)
         self.allow_outside = allow_outside  # --allow-symlinks-outside-root
+        self.memory = memory  # --cache-memory: the maps below and each Repo's RefCache
         self._repos = ByteLRU[Repo]("repos", RESOLVED_ENTRIES, unit="entries",
-                                    entry_bytes=REPO_BYTES)
+                                    entry_bytes=REPO_BYTES, parent=memory)
         # URL path -> (real path, the path resolved when a symlink led there, else None)
         self._by_url = ByteLRU[tuple[str, str | None]]("repo_paths", RESOLVED_ENTRIES,
-                                                       unit="entries", entry_bytes=URL_BYTES)
+                                                       unit="entries", entry_bytes=URL_BYTES,
+                                                       parent=memory)
         self._lock = threading.Lock()
 
     def forget(self, url_path: str) -> Repo | None:
@@ -311,7 +314,7 @@ class RepoResolver:
             with self._lock:
                 repo = self._repos.get(real)
                 if repo is None:
-                    repo = Repo(key, real)
+                    repo = Repo(key, real, RefCache(self.memory))
                     self._repos.put(real, repo)
                 linked = None if real == os.path.normpath(cand) else cand
                 self._by_url.put(key, (real, linked))

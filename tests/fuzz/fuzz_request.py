@@ -39,10 +39,12 @@ import atheris
 with atheris.instrument_imports(include=["gitspout"]):
     from gitspout.protocol.advertise import v0_request_capabilities
     from gitspout.protocol.errors import ClientError
-    from gitspout.protocol.fetch_request import parse_v0_request
-    from gitspout.server.app import http as H
+    from gitspout.protocol.fetch_request import FetchRequest, parse_v0_request
+    from gitspout.server.core import commands as C
     from gitspout.server.core.context import RequestContext
-    from gitspout.server.packgen.packplan import iter_pack
+    from gitspout.server.core.fetch import plan_fetch
+    from gitspout.server.core.framing import frame_fetch
+    from gitspout.server.packgen import PackStream
     from gitspout.server.store.confine import LinkGuard
     from gitspout.server.store.fscache import DirCache
     from gitspout.server.store.registry import PackRegistry
@@ -113,13 +115,15 @@ def _v2(command: bytes, body: bytes) -> bytes:
             + b"".join(_pkt(line) for line in _lines(body) if len(line) <= 65516) + b"0000")
 
 
-def _consume(ctx: RequestContext, plan: object, framed: H._Framed) -> None:
-    for _ in framed.before:
+def _consume(ctx: RequestContext, req: FetchRequest) -> None:
+    plan = plan_fetch(ctx, req)
+    head = frame_fetch(plan)
+    for _ in head.before:
         pass
-    if framed.pack:
-        for _chunk in iter_pack(ctx, plan):  # type: ignore[arg-type]
+    if head.pack and plan.order is not None:
+        for _chunk in PackStream(plan.order, ctx.objects()):
             pass
-        for _item in framed.after:
+        for _item in head.after:
             pass
 
 
@@ -130,15 +134,13 @@ def handle(mode: int, repo: Repo, body: bytes) -> None:
             caps = v0_request_capabilities(ctx.config.allow_filter)
             req = parse_v0_request(body, caps, ctx.object_format.encode(), ctx.hash_len * 2)
             if req.wants:
-                plan, framed = H._plan_v0(ctx, req)
-                _consume(ctx, plan, framed)
+                _consume(ctx, req)
             return
         if mode > 1:
             body = _v2((b"fetch", b"ls-refs", b"object-info")[mode - 2], body)
-        answer = H._prepare_v2(ctx, body)
-        if answer.fetch is not None:
-            plan, framed = H._plan_v2(ctx, answer.fetch)
-            _consume(ctx, plan, framed)
+        command = C.read_command(ctx, body)
+        if isinstance(command, C.FetchCommand):
+            _consume(ctx, command.req)
     except ClientError:
         pass  # the client's fault: a 4xx or an ERR line, as it should be
     finally:
@@ -193,7 +195,7 @@ def report_coverage(dirs: list[str]) -> None:
     (``--coverage DIR...``; stdlib tracing, no coverage.py needed)."""
     import threading
 
-    top = os.path.dirname(os.path.dirname(os.path.dirname(H.__file__)))  # .../gitspout
+    top = os.path.dirname(os.path.dirname(os.path.dirname(C.__file__)))  # .../gitspout
     hit: dict[str, set[int]] = {}
 
     def tracer(frame, event, _arg):  # type: ignore[no-untyped-def]

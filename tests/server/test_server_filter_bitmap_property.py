@@ -22,12 +22,12 @@ import pytest
 from dags import draw_parents
 from gitspout.protocol.fetch_request import parse_v2_fetch_args
 from gitspout.server.app.config import load_config
-from gitspout.server.app.http import ServerState
 from gitspout.server.app.metrics import RequestRecord
+from gitspout.server.app.state import ServerState
 from gitspout.server.core import answers
 from gitspout.server.core.fetch import plan_fetch
 from gitspout.server.graph.bitmapwalk import open_bitmap_index
-from gitspout.server.packgen import layout, packplan, packsource
+from gitspout.server.packgen import choose, layout, reuse, sources
 from gitutil import Git, LiveServer, fsck, repo_state
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -147,7 +147,8 @@ def _request_lines(git: Git, gitdir: Path, ask: Ask) -> tuple[list[bytes], bool]
     return lines + [b"ofs-delta", b"no-progress", b"done"], bool(haves)
 
 
-def _pack(source: packplan.PackSource) -> bytes:
+def _pack(source: sources.PackSource | None) -> bytes:
+    assert source is not None
     return b"".join(c for c in source.chunks() if isinstance(c, (bytes, bytearray, memoryview)))
 
 
@@ -193,18 +194,20 @@ def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: Histo
                                                ask: Ask, window: int) -> None:
     gitdir = _build(git, fb_root, h)
     # Small read windows: entries and segments straddle them, or are larger than one.
-    saved = layout.WINDOW, packsource.READ_WINDOW
-    layout.WINDOW = packsource.READ_WINDOW = window
+    saved = layout.WINDOW, reuse.READ_WINDOW
+    layout.WINDOW = reuse.READ_WINDOW = window
     try:
         lines, with_haves = _request_lines(git, gitdir, ask)
         state = ServerState.create(load_config({"root": str(fb_root)}, env={}))
-        ctx = state.context(state.resolver.resolve(gitdir.name), RequestRecord())
+        ctx = state.view(state.scope(RequestRecord()), state.resolver.resolve(gitdir.name))
         req = parse_v2_fetch_args(lines, answers.v2_features(ctx), ctx.hash_len * 2)
         plan = plan_fetch(ctx, req)
         bi = open_bitmap_index(ctx.src)
         assert bi is not None
-        walked = pack_object_ids(git, _pack(packplan._from_walk(ctx, plan)))
-        from_bitmaps = pack_object_ids(git, _pack(packplan._from_bitmaps(ctx, plan, bi)))
+        assert plan.order is not None
+        walked = pack_object_ids(git, _pack(choose._from_walk(plan.order, ctx.objects())))
+        from_bitmaps = pack_object_ids(git, _pack(choose._from_bitmaps(plan.order, ctx.objects(),
+                                                                      bi)))
         if not with_haves:
             assert from_bitmaps == walked, (sorted(from_bitmaps - walked), sorted(walked - from_bitmaps))
         else:
@@ -212,7 +215,7 @@ def test_bitmap_and_walk_send_the_same_objects(git: Git, fb_root: Path, h: Histo
             assert from_bitmaps <= walked, sorted(from_bitmaps - walked)
             assert walked - from_bitmaps <= _closure_and_its_tags(git, gitdir, haves)
     finally:
-        layout.WINDOW, packsource.READ_WINDOW = saved
+        layout.WINDOW, reuse.READ_WINDOW = saved
         shutil.rmtree(gitdir, ignore_errors=True)
 
 

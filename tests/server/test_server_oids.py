@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gitspout.protocol.advertise import v0_request_capabilities
 from gitspout.protocol.fetch_request import parse_v0_request
+from gitspout.protocol.negotiate import V0Answer
 from gitspout.protocol.pktline import FLUSH_PKT, encode_pkt
 from gitspout.server.core.context import RequestContext
 from gitspout.server.core.fetch import plan_fetch
@@ -43,5 +44,5 @@ def test_plan_takes_parsed_binary_wants_and_haves(git: Git, fixture_root: Path) 
     plan = plan_fetch(_context(fixture_root, "basic.git"), req)
     assert plan.wants == [bytes.fromhex(main.decode())]
     assert plan.common == [bytes.fromhex(parent.decode())]
-    assert plan.v0 is not None
-    assert plan.v0.lines[0] == b"ACK " + parent + b" common\n"
+    assert isinstance(plan.answer, V0Answer)
+    assert plan.answer.lines[0] == b"ACK " + parent + b" common\n"

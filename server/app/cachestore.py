@@ -1,0 +1,253 @@
+"""The pack cache's store: its entries on the local disk, their index, the byte cap, the
+TTL and which keys are cached at all (docs/ARCHITECTURE.md "Pack cache").
+
+An entry is one pack file being written or complete, read by any number of readers from
+descriptors of their own (an evicted entry's file is unlinked; its readers keep reading).
+Everything here runs on the event loop: the index, the byte counts and the entries need no
+lock. Producing and reading entries is ``packcache.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from .cachedir import make_directory, reclaim_orphans
+
+__all__ = ["CacheStore", "CacheEntry", "CacheWriteError", "PackCacheLimits", "PackCacheStats",
+           "WRITE_COOLDOWN"]
+
+log = logging.getLogger("gitspout")
+
+SEEN_KEYS = 4096  # keys remembered for "cache on second occurrence"
+# After a cache file could not be written (the disk is full), requests stream without the
+# cache this long before it is tried again.
+WRITE_COOLDOWN = 30.0
+
+
+@dataclass(frozen=True)
+class PackCacheLimits:
+    """``--pack-cache-size`` (0: no cache), ``--pack-cache-dir`` (none: the system's
+    temporary directory), ``--pack-cache-ttl`` (0: until evicted), ``--pack-cache-on``."""
+
+    size: int
+    directory: str = ""
+    ttl: float = 600.0
+    on: str = "first"
+
+
+class CacheWriteError(Exception):
+    """Writing a cache file failed (ENOSPC, EIO, the directory gone): the cache's fault,
+    not the repository's. The readers then generate the pack themselves (packcache.py _After)."""
+
+
+@dataclass
+class CacheEntry:
+    """One pack in the cache: its file, how much of it is written, and how it ended."""
+
+    key: bytes
+    path: str
+    repo: str
+    created: float
+    size: int = 0  # bytes written, visible to readers
+    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, line)
+    objects: int = 0
+    done: bool = False
+    failed: str | None = None  # the in-band error text every reader ends with
+    resumable: bool = False  # failed writing the file: readers go on from their own source
+    completed: float = 0.0  # when it was done (the TTL counts from here)
+    verbatim: tuple[object, ...] | None = None  # the key of a pack sent whole: no file bytes
+    readers: int = 0
+    listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait until the producer writes, ends or fails; False after ``timeout``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout if timeout > 0 else None)
+            return True
+        except TimeoutError:
+            return False
+
+
+@dataclass
+class PackCacheStats:
+    lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("hit", "miss", "joined", "bypass"), 0))
+    served_bytes: int = 0  # bytes read from cache files and sent (every reader)
+    generated_bytes: int = 0  # bytes producers wrote
+    evictions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("size", "ttl", "failed"), 0))
+
+
+class CacheStore:
+    """The index of cache entries and their files, within the byte cap."""
+
+    def __init__(self, limits: PackCacheLimits) -> None:
+        base = limits.directory or tempfile.gettempdir()
+        os.makedirs(base, exist_ok=True)
+        reclaim_orphans(base)
+        # A directory of our own: two servers sharing the base never touch each other's
+        # files, and shutdown removes everything this process wrote. It is locked while
+        # this process lives, so that a server started after a crash (an OOM kill keeps
+        # the emptyDir) removes it.
+        self.base = base
+        self.directory, self._lock = make_directory(base)
+        self.max_bytes = limits.size
+        self.ttl = limits.ttl
+        self.second = limits.on == "second"
+        self.bytes = 0  # sum of the listed entries' sizes
+        self.entries: OrderedDict[bytes, CacheEntry] = OrderedDict()  # least recently used first
+        self.seen: OrderedDict[bytes, None] = OrderedDict()
+        self.alone: OrderedDict[bytes, None] = OrderedDict()  # see first_alone
+        self.stats = PackCacheStats()
+        self._serial = 0
+        self.write_failed_at = -WRITE_COOLDOWN  # monotonic time of the last CacheWriteError
+
+    # -- the index ---------------------------------------------------------------
+
+    def lookup(self, key: bytes, repo: str) -> tuple[CacheEntry | None, str]:
+        """The entry to read for ``key`` and how it was found: ``hit`` (complete),
+        ``joined`` (being produced), ``miss`` (a new entry: the caller starts its
+        producer) or ``bypass`` (none: not cached, stream directly)."""
+        now = time.monotonic()
+        self._expire(now)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            result = "hit" if entry.done else "joined"
+        elif self.second and key not in self.seen:
+            self._remember(key)
+            result, entry = "bypass", None
+        elif now - self.write_failed_at < WRITE_COOLDOWN:
+            result, entry = "bypass", None
+        else:
+            self.seen.pop(key, None)
+            entry = self._create(key, repo, now)
+            result = "miss" if entry is not None else "bypass"
+        self.stats.lookups[result] += 1
+        return entry, result
+
+    def _remember(self, key: bytes, keys: OrderedDict[bytes, None] | None = None) -> None:
+        """Note ``key`` in ``keys`` (``seen`` unless told), the last SEEN_KEYS of them."""
+        keys = self.seen if keys is None else keys
+        keys[key] = None
+        while len(keys) > SEEN_KEYS:
+            keys.popitem(last=False)
+
+    def first_alone(self, key: bytes) -> bool:
+        """True the first time a whole pack's key is asked for by one request alone (it is
+        then sent from the pack); the second time it is copied, for the requests after."""
+        if key in self.alone:
+            del self.alone[key]
+            return False
+        self._remember(key, self.alone)
+        return True
+
+    def _create(self, key: bytes, repo: str, now: float) -> CacheEntry | None:
+        self._serial += 1
+        path = os.path.join(self.directory, f"{key.hex()[:40]}-{self._serial}.pack")
+        try:
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileNotFoundError:  # removed under us (a temp dir cleaner): a new one
+                self._replace_directory()
+                path = os.path.join(self.directory, os.path.basename(path))
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:  # the cache directory is unusable: serve without it
+            log.warning("pack cache: cannot create %s: %s", path, exc)
+            return None
+        entry = self.entries[key] = CacheEntry(key, path, repo, now)
+        return entry
+
+    def _replace_directory(self) -> None:
+        """Our directory is gone: make another. Entries listed in the old one have lost
+        their files (readers keep their descriptors); they are dropped."""
+        for entry in list(self.entries.values()):
+            self.drop(entry, "failed")
+        os.makedirs(self.base, exist_ok=True)
+        directory, lock = make_directory(self.base)
+        os.close(self._lock)
+        self.directory, self._lock = directory, lock
+        log.warning("pack cache: its directory was removed; now %s", directory)
+
+    def drop(self, entry: CacheEntry, reason: str | None) -> None:
+        """Unlist an entry and unlink its file; its readers keep reading from their open
+        descriptors (Linux keeps an unlinked file's data until its last close)."""
+        if not entry.listed:
+            return
+        entry.listed = False
+        if self.entries.get(entry.key) is entry:
+            del self.entries[entry.key]
+        self.bytes -= entry.size
+        if reason is not None:
+            self.stats.evictions[reason] += 1
+        if reason in ("ttl", "size"):
+            self._remember(entry.key)  # it was asked for: the next request caches it again
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            pass
+
+    def discard(self, entry: CacheEntry) -> None:
+        """Forget an entry that cannot be read (its producer, if any, fails it)."""
+        entry.failed = entry.failed or "pack cache entry lost"
+        self.drop(entry, "failed")
+        entry.wake()
+
+    def _expire(self, now: float) -> None:
+        if self.ttl <= 0:
+            return
+        old = [e for e in self.entries.values() if e.done and now - e.completed > self.ttl]
+        for entry in old:
+            self.drop(entry, "ttl")
+
+    def grew(self, entry: CacheEntry, n: int) -> None:
+        """The producer wrote ``n`` bytes: count them, then get back under the cap, least
+        recently used first, entries nobody reads before those being read; an entry still
+        being produced goes last (its readers carry on, nobody new joins it)."""
+        entry.size += n
+        self.stats.generated_bytes += n
+        if not entry.listed:
+            return
+        self.bytes += n
+        if self.bytes <= self.max_bytes:
+            return
+        for pick in (lambda e: e.done and not e.readers, lambda e: e.done,
+                     lambda e: e is not entry, lambda e: True):
+            for victim in [e for e in self.entries.values() if pick(e)]:
+                if self.bytes <= self.max_bytes:
+                    return
+                self.drop(victim, "size")
+
+    def close(self) -> None:
+        """Shutdown: forget every entry and remove the directory."""
+        for entry in list(self.entries.values()):
+            self.drop(entry, None)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+    # -- producing ---------------------------------------------------------------
+
+    def open_reader(self, entry: CacheEntry) -> int:
+        """A descriptor on the entry's file, opened at once (on the loop, before any
+        await) so that an eviction can unlink the file but not take it from this reader."""
+        fd = os.open(entry.path, os.O_RDONLY)
+        entry.readers += 1
+        return fd

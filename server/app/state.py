@@ -1,0 +1,175 @@
+"""The process: what every request of one server shares (config, budgets, repository
+resolver, pack registry and caches, thread pool, metrics, admission, auth, the pack cache)
+and its life from start to cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..core.context import RequestContext
+from ..packgen import PackCaches
+from ..store.confine import LinkGuard
+from ..store.fscache import DirCache
+from ..store.registry import PackRegistry
+from ..store.repos import Repo, RepoResolver
+from .admission import Admission
+from .auth import Access, load_access
+from .authgate import GateCollector, PasswordGate
+from .budgets import Budgets
+from .config import Config
+from .health import Health, RootCheck
+from .memory import HeapTrimmer
+from .metrics import Metrics, RequestRecord
+from .namespaces import NamespaceMap
+from .packcache import PackCache, PackCacheCollector
+from .pool import WorkPool
+from .scope import RequestScope
+
+__all__ = ["ServerState"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerState:
+    """Process-wide state: config, budgets, repository resolver, pack registry, pool."""
+
+    cfg: Config
+    budgets: Budgets
+    resolver: RepoResolver
+    registry: PackRegistry
+    caches: PackCaches
+    pool: WorkPool
+    dirs: DirCache
+    metrics: Metrics
+    # Inflating gzip bodies is CPU-bound C code that lets the GIL go: run unbounded, four
+    # 64 MiB bombs take every core and the event loop waits for a CPU (p99 of a tiny
+    # ls-refs 87 ms on 2 cores). At most half the cores inflate at once; others wait,
+    # without holding a pool thread.
+    inflating: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2)))
+    sweeper: asyncio.Task[None] | None = None  # sweep_forever, from startup to shutdown
+    access: Access | None = None  # --auth-file (auth.py); None: anonymous read
+    gate: PasswordGate | None = None  # where password checks run (authgate.py)
+    pack_cache: PackCache | None = None  # --pack-cache-size 0: none
+    health: Health | None = None  # /healthz, /readyz; draining after SIGTERM (health.py)
+    in_flight: int = 0  # git requests being served (the gauge, readable)
+    admission: Admission | None = None  # slots for pack generation (admission.py)
+    namespaces: NamespaceMap = field(default_factory=NamespaceMap)  # --namespaces
+    trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
+
+    @classmethod
+    def create(cls, cfg: Config) -> ServerState:
+        """Everything built once from the config; each budget handed to its enforcer."""
+        budgets = Budgets.from_config(cfg)
+        memory = budgets.memory
+        pool = WorkPool(budgets.threads, per_key=budgets.threads_per_repo)
+        repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
+        root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
+        registry = PackRegistry(max_open=budgets.open_files, memory=memory)
+        state = cls(
+            cfg, budgets,
+            RepoResolver(root, allow, memory),
+            registry,
+            PackCaches.create(registry),
+            pool,
+            DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow, memory),
+                     memory=memory),
+            Metrics(repos, pool, memory, registry),
+        )
+        state.namespaces = NamespaceMap.parse(cfg.namespaces)
+        if cfg.auth_file:
+            state.access = load_access(cfg.auth_file, memory)
+            state.gate = PasswordGate(state.access, budgets.auth_threads)
+            state.metrics.registry.register(GateCollector(state.gate))
+        if budgets.pack_cache.size > 0:
+            state.pack_cache = PackCache(budgets.pack_cache, registry.faults)
+            state.metrics.registry.register(PackCacheCollector(state.pack_cache))
+        state.admission = Admission(budgets.admission, state.metrics.registry)
+        state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
+        return state
+
+    def scope(self, record: RequestRecord) -> RequestScope:
+        """A new request's scope (its view comes once the repository is resolved)."""
+        return RequestScope(self.pool, record)
+
+    def view(self, scope: RequestScope, repo: Repo, namespace: bytes = b"") -> RequestContext:
+        """The request's view of ``repo`` (under ``namespace``), attached to its scope."""
+        return scope.attach(RequestContext(
+            repo, self.registry, self.cfg.agent.encode(), self.dirs,
+            cold_walk_entries=self.cfg.cold_walk_pack_entries, namespace=namespace,
+            caches=self.caches, inflate=self.budgets.inflate))
+
+    async def resolve(self, repo_path: str) -> Repo:
+        """The repository: from the resolver's memory, or found on disk in the pool (the
+        first time it is asked for: realpath and stats must not block the event loop),
+        queued under its own path: behind no other repository's work, no sweep, no
+        password check."""
+        repo = self.resolver.cached(repo_path)
+        if repo is not None:
+            return repo
+        return await asyncio.wrap_future(
+            self.pool.submit_for(("resolve", repo_path), self.resolver.resolve, repo_path))
+
+    async def run_bounded(self, scope: RequestScope, fn: Callable[..., T], *args: Any) -> T:
+        """``scope.run`` under the ``inflating`` semaphore (request body decoding)."""
+        async with self.inflating:
+            return await scope.run(fn, *args)
+
+    def forget_repository(self, repo_path: str) -> None:
+        """The repository is gone from disk: forget it, with everything cached for it (its
+        packs and commit-graph are closed once no request holds them)."""
+        repo = self.resolver.forget(repo_path)
+        if repo is not None:
+            self.registry.forget_repository(repo.objects_dir)
+            self.dirs.forget_under(repo.gitdir)
+
+    # -- life --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """At startup: the sweeper of packs gone from disk."""
+        if self.cfg.sweep_interval > 0:
+            self.sweeper = asyncio.get_running_loop().create_task(self.sweep_forever())
+
+    async def stop(self) -> None:
+        """At shutdown, before the handlers are waited for."""
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+
+    async def close(self) -> None:
+        """At cleanup, once aiohttp has let the handlers finish (or cut them at
+        --drain-timeout): the pool, the password checks and the pack cache go last."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.gate is not None:
+            self.gate.close()
+        if self.pack_cache is not None:
+            self.pack_cache.close()
+
+    async def sweep_forever(self) -> None:
+        """Every ``--sweep-interval`` seconds, close open packs and graphs whose files are
+        gone, though nobody asked for their repository since (registry.sweep)."""
+        interval = self.cfg.sweep_interval
+        while interval > 0:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.pool, self.registry.sweep)
+            except RuntimeError:  # the pool is shutting down
+                return
+
+    def request_ended(self) -> None:
+        """A git request ended; once none is in flight for a while, the heaps' free pages
+        go back to the system (memory.py)."""
+        if not self.in_flight:
+            self.trimmer.schedule(self._trim_heap)
+
+    def _trim_heap(self) -> None:
+        if self.in_flight:
+            return
+        try:
+            self.pool.submit(self.trimmer.trim)
+        except RuntimeError:  # the pool is shut down
+            pass
