@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gitutil import poll
 from latencyfs import DELAYED_OPS, op_total
 from mount import MountFactory, force_unmount, is_mounted
 
@@ -372,9 +373,7 @@ def test_stop_cleans_up_after_the_daemon_was_killed(latency_mount: MountFactory)
     m = latency_mount(delay_ms=0)
     assert m.pid is not None
     os.kill(m.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while m.alive and time.monotonic() < deadline:
-        time.sleep(0.02)
+    poll(lambda: not m.alive, 10, "the killed daemon to be gone")
     assert is_mounted(m.path)  # a dead FUSE mount: still in the mount table
     path = m.path
     m.stop()
@@ -421,9 +420,7 @@ def test_command_line_background_mode(fuse_reason: str | None, tmp_path: Path) -
         assert is_mounted(mnt)
         assert (mnt / "hello").read_text() == "hi"
         subprocess.run(["fusermount3", "-u", str(mnt)], timeout=30, check=True)
-        deadline = time.monotonic() + 10
-        while not stats_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(stats_file.exists, 10, "the daemon to write its stats file at exit")
         assert json.loads(stats_file.read_text())["open"] == 1
     finally:
         if is_mounted(mnt):

@@ -79,7 +79,7 @@ class Flood:
                 continue
             self.statuses[i][resp.status] += 1
             if resp.status == 429:
-                self.stop.wait(0.2)
+                self.stop.wait(0.2)  # the scenario: a flooder backs off a little when told
 
     def close(self) -> None:
         self.stop.set()
