@@ -75,7 +75,7 @@ class Flood:
                     s.sendall(req)
                     data, _ = read_until_close(s, 60)
                 resp = parse_response(data)
-            except (OSError, ValueError):
+            except (OSError, ValueError, AssertionError):  # no answer: the server stopped
                 continue
             self.statuses[i][resp.status] += 1
             if resp.status == 429:
