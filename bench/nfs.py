@@ -322,8 +322,14 @@ def report(results: dict[tuple[str, str, str], list[Result]], kinds: Sequence[st
             per = meta / req if req else 0.0
             body2.append([op, SERVER_LABEL[k], f"{req:.0f}", f"{meta:.0f}", f"{per:.1f}",
                           f"{allops:.0f}", kinds_txt])
+    delayed = sum(r.fuse.get("_delayed", 0) for rs in results.values() for r in rs)
+    slept_us = sum(r.fuse.get("_delay_us", 0) for rs in results.values() for r in rs)
+    # How close latencyfs keeps to its setting (tests/nfs/test_latencyfs.py only checks
+    # that each delay is served in full: the upper side is a matter of timer precision).
+    precision = (f"\n\nlatencyfs: {delayed} delayed requests, mean delay "
+                 f"{slept_us / delayed / 1000:.3f} ms" if delayed else "")
     return main + "\n\nFUSE requests on the mount (medians; info/refs rows: all "\
-        "repetitions of one round):\n" + table(header2, body2)
+        "repetitions of one round):\n" + table(header2, body2) + precision
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GIT_TIMEOUT = 120
@@ -123,13 +124,21 @@ class LiveServer:
 
     def wait_for_line(self, needle: str, timeout: float = 5.0) -> str:
         """The first output line containing ``needle``, waiting up to ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if needle in line:
-                    return line
-            time.sleep(0.05)
-        raise AssertionError(f"no log line with {needle!r} in:\n" + "\n".join(self.lines[-20:]))
+        return self.wait_for_lines(needle, 1, timeout)[0]
+
+    def wait_for_lines(self, needle: str, count: int, timeout: float = 5.0,
+                       start: int = 0) -> list[str]:
+        """The first ``count`` output lines from index ``start`` on that contain ``needle``,
+        waiting up to ``timeout`` seconds for them."""
+        def found() -> list[str]:
+            hits = [line for line in self.lines[start:] if needle in line]
+            return hits[:count] if len(hits) >= count else []
+
+        try:
+            return poll(found, timeout, f"{count} log lines with {needle!r}")
+        except AssertionError:
+            raise AssertionError(f"not {count} log lines with {needle!r} in:\n"
+                                 + "\n".join(self.lines[-20:])) from None
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
@@ -260,12 +269,31 @@ def deleted_files(pid: int, under: str | os.PathLike[str] = "/") -> list[str]:
     return [h for h in held if h.split(" ", 1)[1].startswith(top)]
 
 
-def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
-    """Poll ``check`` until it returns True or ``timeout`` seconds pass."""
+T = TypeVar("T")
+
+
+def poll(check: Callable[[], T], timeout: float, what: str, step: float = 0.05) -> T:
+    """Call ``check`` until it returns a true value, and return that value; after
+    ``timeout`` seconds fail with an AssertionError naming ``what`` and the last value.
+
+    This is how a test waits for something the server does (a log line, a metric, a
+    socket's state, a file): never a bare sleep, which is too short on a busy machine and
+    needlessly long on an idle one. ``timeout`` is a hang guard, far above the normal wait.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        if check():
-            return True
+        got = check()
+        if got:
+            return got
         if time.monotonic() >= deadline:
-            return False
+            raise AssertionError(f"waited {timeout:g} s for {what}; last: {got!r}")
         time.sleep(step)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
+    """Poll ``check`` until it returns True or ``timeout`` seconds pass (False then); for
+    callers that say themselves what failed. :func:`poll` raises instead."""
+    try:
+        return bool(poll(check, timeout, "a condition", step))
+    except AssertionError:
+        return False

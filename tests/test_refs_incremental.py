@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from gitspout.server.store import packedrefs as P
 from gitspout.server.store import refcache as C
 from gitspout.server.store import refs as R
 from gitspout.server.store.errors import StorageError
+from gitutil import poll
 
 HEX = 40
 
@@ -238,6 +240,18 @@ def test_kept_loose_refs_of_a_directory_follow_its_changes(tmp_path: Path) -> No
     assert read(50)[0] == expected
 
 
+def _waiting_in(thread: threading.Thread, function: str) -> bool:
+    """``thread`` is blocked in a wait (an Event's, a Condition's) called from ``function``."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None or frame.f_code.co_name != "wait":
+        return False
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_concurrent_ref_reads_are_shared_only_when_fresh() -> None:
     """RefCache.shared_read: a request that arrived before a read began gets that read's
     snapshot; one that arrived after it began never does, in progress or finished."""
@@ -268,7 +282,9 @@ def test_concurrent_ref_reads_are_shared_only_when_fresh() -> None:
     assert began.wait(10)
     late = time.monotonic_ns()
     joined, after = request("joined", early), request("after", late)
-    time.sleep(0.2)  # both are waiting for the first read
+    # Both are waiting for the first read, in progress: not finished ones.
+    poll(lambda: _waiting_in(joined, "shared_read") and _waiting_in(after, "shared_read"),
+         10, "both requests to wait in shared_read")
     assert len(calls) == 1
     release.set()
     for t in (first, joined, after):

@@ -33,6 +33,8 @@ def test_ewah_garbage_is_refused_or_bounded(data: bytes, nbits: int) -> None:
     else:
         assert end <= len(data)
         assert bits.bit_length() <= 64 * (4 * ((nbits + 63) // 64) + 64)
+    # A hang guard, not a timing: a decode of at most 200 bytes takes microseconds; the
+    # bound catches a decoder that expands a huge run word by word (up to 2^32 words).
     assert time.monotonic() - start < 1
 
 

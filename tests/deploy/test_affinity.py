@@ -280,7 +280,7 @@ def test_round_robin_against_affinity_and_kill_one(
             first_failures[name] = res.stderr.decode(errors="replace").strip()
             assert not target.exists()
             for _attempt in range(3):
-                time.sleep(0.2)
+                time.sleep(0.2)  # the scenario: a user's retry, a moment later
                 res = _clone(git, f"{fleet.url}/{name}", target)
                 if res.returncode == 0:
                     retried_ok.append(name)

@@ -24,7 +24,8 @@ Every request is counted by kind.  The counters are served on a unix socket
 :func:`read_stats` and :func:`reset_stats` from Python.  The ``--stats`` file
 is also written on SIGUSR1 and at exit.  Counter keys that start with ``_``
 are aggregates (``_total``, ``_delayed``, ``_delay_us``, ``_errors``,
-``_read_bytes``, ``_write_bytes``); the others are request kinds.
+``_read_bytes``, ``_write_bytes``, and ``_overlap_max``: the most delays in
+progress at once); the others are request kinds.
 
 Inodes are handled like libfuse's ``passthrough_ll``: each inode known to the
 kernel holds an ``O_PATH`` file descriptor of the real file, and every
@@ -90,6 +91,7 @@ ALL_OPS: frozenset[str] = DELAYED_OPS | DATA_OPS | UNDELAYED_OPS
 #: Aggregate counter keys (all start with ``_``).
 AGGREGATES: tuple[str, ...] = (
     "_total", "_delayed", "_delay_us", "_errors", "_read_bytes", "_write_bytes",
+    "_overlap_max",
 )
 
 # O_NOFOLLOW would refuse the /proc/self/fd magic link; O_DIRECT would make the
@@ -186,6 +188,10 @@ class Counters:
     def add(self, key: str, amount: int) -> None:
         """Add *amount* to counter *key*."""
         self._counts[key] = self._counts.get(key, 0) + amount
+
+    def high(self, key: str, value: int) -> None:
+        """Raise counter *key* to *value* if it is lower (a high-water mark)."""
+        self._counts[key] = max(self._counts.get(key, 0), value)
 
     def snapshot(self) -> dict[str, int]:
         """Return a copy of all counters."""
@@ -298,6 +304,7 @@ class LatencyFS(_Base):  # type: ignore[misc]
         self._dirs: dict[int, _DirHandle] = {}
         self._chown_new = os.geteuid() == 0
         self._lateness = 0.0  # learned mean timer lateness, seconds
+        self._delaying = 0  # requests sleeping their delay now
 
     # ---- helpers -------------------------------------------------------
 
@@ -312,7 +319,12 @@ class LatencyFS(_Base):  # type: ignore[misc]
         if seconds <= 0:
             return
         start = time.perf_counter()
-        await precise_sleep(max(0.0, seconds - self._lateness))
+        self._delaying += 1
+        self.counters.high("_overlap_max", self._delaying)
+        try:
+            await precise_sleep(max(0.0, seconds - self._lateness))
+        finally:
+            self._delaying -= 1
         elapsed = time.perf_counter() - start
         late = elapsed - (seconds - self._lateness)
         self._lateness += 0.05 * (min(late, seconds) - self._lateness)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gitutil import poll
 from latencyfs import DELAYED_OPS, op_total
 from mount import MountFactory, force_unmount, is_mounted
 
@@ -239,10 +240,11 @@ def test_metadata_delay_is_applied(latency_mount: MountFactory) -> None:
     delayed = stats["_delayed"]
     assert delayed >= 10  # at least one request per stat with no attribute caching
     assert delayed == op_total(stats, DELAYED_OPS)
+    # Each delay is served (a lower bound: load can only add to it). How close to the
+    # setting the delays are is the precision bench.nfs relies on, not a test's to time.
     assert elapsed >= delayed * delay * 0.95
-    assert elapsed < delayed * delay * 3 + 1.0
     mean = stats["_delay_us"] / delayed / 1e6
-    assert delay * 0.95 <= mean < delay * 3
+    assert mean >= delay * 0.95
 
 
 def test_no_delay_for_data_by_default_and_optional_data_delay(
@@ -260,6 +262,8 @@ def test_no_delay_for_data_by_default_and_optional_data_delay(
 
 
 def test_concurrent_requests_overlap(latency_mount: MountFactory) -> None:
+    """Eight clients stat at once: the daemon sleeps their delays side by side (counted by
+    the daemon, not timed: serial delays would show at most one in progress)."""
     delay = 0.02
     m = latency_mount(delay_ms=delay * 1000)
     files = [m.path / f"f{i}" for i in range(8)]
@@ -267,15 +271,13 @@ def test_concurrent_requests_overlap(latency_mount: MountFactory) -> None:
         f.write_text("x")
     m.reset()
     threads = [threading.Thread(target=timed_stats, args=(f, 4)) for f in files]
-    start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    elapsed = time.perf_counter() - start
-    serial = m.stats()["_delayed"] * delay
-    assert serial >= 8 * 4 * delay
-    assert elapsed < serial * 0.6, f"no overlap: {elapsed:.3f}s for {serial:.3f}s of delays"
+    stats = m.stats()
+    assert stats["_delayed"] >= 8 * 4
+    assert stats["_overlap_max"] >= 2, f"no overlap: {stats}"
 
 
 def test_attr_and_entry_timeouts_let_the_kernel_cache(latency_mount: MountFactory) -> None:
@@ -371,9 +373,7 @@ def test_stop_cleans_up_after_the_daemon_was_killed(latency_mount: MountFactory)
     m = latency_mount(delay_ms=0)
     assert m.pid is not None
     os.kill(m.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while m.alive and time.monotonic() < deadline:
-        time.sleep(0.02)
+    poll(lambda: not m.alive, 10, "the killed daemon to be gone")
     assert is_mounted(m.path)  # a dead FUSE mount: still in the mount table
     path = m.path
     m.stop()
@@ -420,9 +420,7 @@ def test_command_line_background_mode(fuse_reason: str | None, tmp_path: Path) -
         assert is_mounted(mnt)
         assert (mnt / "hello").read_text() == "hi"
         subprocess.run(["fusermount3", "-u", str(mnt)], timeout=30, check=True)
-        deadline = time.monotonic() + 10
-        while not stats_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(stats_file.exists, 10, "the daemon to write its stats file at exit")
         assert json.loads(stats_file.read_text())["open"] == 1
     finally:
         if is_mounted(mnt):

@@ -378,7 +378,7 @@ def test_pool_busy_gauge_counts_pack_streaming(tmp_path: Path, start_server, git
         busy = []
         while reader.is_alive():
             busy.append(value(samples(scrape(srv.url)), "gitspout_thread_pool_busy"))
-            time.sleep(0.01)
+            time.sleep(0.01)  # the sampler's pace, while the pack is read
         reader.join()
     assert received and received[0] > 6 * (4 << 20)
     assert max(busy) >= 1, f"no scrape of {len(busy)} saw a busy pool thread"

@@ -115,6 +115,7 @@ class SlowProxy:
                 dst.sendall(data)
                 if slow:
                     self.relayed += len(data)
+                    # The scenario: a client reading at ``rate`` (not a wait for anything).
                     time.sleep(len(data) / self.rate)
         except OSError:
             pass

@@ -270,3 +270,50 @@ def metric(port: int, sample: str, default: float | None = None) -> float:
     if default is not None:
         return default
     raise LookupError(f"{sample} not in /metrics")
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One IPv4 TCP socket of this network namespace, as /proc/net/tcp shows it."""
+
+    local_port: int
+    remote_port: int
+    state: str  # "ESTABLISHED", "LISTEN", ...
+    tx_queue: int  # bytes sent and not yet acknowledged by the peer
+    rx_queue: int  # bytes received and not yet read; for LISTEN: connections not accepted
+
+
+_TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1",
+               5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK",
+               10: "LISTEN", 11: "CLOSING"}
+
+
+def tcp_sockets(local_port: int) -> list[TcpSocket]:
+    """The sockets whose local port is ``local_port``: for a server's port, its listening
+    socket and its side of every connection (``remote_port`` names the client's socket).
+    A test waits on these (a full send queue: the client stopped reading; an empty accept
+    queue: every connection was accepted) instead of sleeping."""
+    out = []
+    with open("/proc/net/tcp") as fh:
+        next(fh)  # the header line
+        for line in fh:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], int(fields[3], 16)
+            if int(local.split(":")[1], 16) != local_port:
+                continue
+            tx, rx = (int(x, 16) for x in fields[4].split(":"))
+            out.append(TcpSocket(local_port, int(remote.split(":")[1], 16),
+                                 _TCP_STATES.get(state, str(state)), tx, rx))
+    return out
+
+
+def server_side(port: int, client: socket.socket) -> TcpSocket | None:
+    """The server's end of ``client``'s connection to ``port`` (None once it is gone)."""
+    mine = client.getsockname()[1]
+    return next((s for s in tcp_sockets(port)
+                 if s.remote_port == mine and s.state != "LISTEN"), None)
+
+
+def accept_queue(port: int) -> int:
+    """Connections to the listening socket on ``port`` that the server has not accepted yet."""
+    return sum(s.rx_queue for s in tcp_sockets(port) if s.state == "LISTEN")

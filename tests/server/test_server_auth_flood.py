@@ -16,7 +16,6 @@ import base64
 import secrets
 import socket
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -76,11 +75,11 @@ class Flood:
                     s.sendall(req)
                     data, _ = read_until_close(s, 60)
                 resp = parse_response(data)
-            except (OSError, ValueError):
+            except (OSError, ValueError, AssertionError):  # no answer: the server stopped
                 continue
             self.statuses[i][resp.status] += 1
             if resp.status == 429:
-                self.stop.wait(0.2)
+                self.stop.wait(0.2)  # the scenario: a flooder backs off a little when told
 
     def close(self) -> None:
         self.stop.set()
@@ -95,11 +94,8 @@ def _checks(port: int, result: str) -> float:
 def test_valid_and_anonymous_requests_are_not_queued_behind_a_password_flood(
         flood_root: Path, git: Git, tmp_path: Path) -> None:
     """Before: each waited behind the flood's queue, about one check per flooder (a few
-    seconds at this cost; 20-25 s at cost 12 and the issue's load)."""
-    hashed = bcrypt.hashpw(b"x", bcrypt.gensalt(COST))
-    start = time.monotonic()
-    bcrypt.checkpw(b"y", hashed)
-    check = time.monotonic() - start  # one check, on this machine now
+    seconds at this cost; 20-25 s at cost 12 and the issue's load). Counted, not timed:
+    the wrong passwords checked while each one was answered."""
     srv = start_server(flood_root, ["--auth-file", str(flood_root.parent /
                                                       f"{flood_root.name}-auth.toml")])
     flood = Flood(srv.port, FLOODERS)
@@ -107,22 +103,22 @@ def test_valid_and_anonymous_requests_are_not_queued_behind_a_password_flood(
         # Every flooder has been told no once: the flood is under way.
         assert wait_until(lambda: all(s[401] for s in flood.statuses), 120)
         failed_before = _checks(srv.port, "failed")
-        start = time.monotonic()
         helper = f"!f() {{ echo username=alice; echo password={PASSWORD}; }}; f"
         out = git.out("-c", "credential.helper=", "-c", f"credential.helper={helper}",
                       "ls-remote", f"{srv.url}/team/app.git", timeout=60)
-        valid = time.monotonic() - start
         assert "refs/heads/main" in out
         # Not queued behind the flood: only the checks running when it came finished
         # before it (one thread), where it used to wait for one per flooder.
         failed_meanwhile = _checks(srv.port, "failed") - failed_before
-        assert failed_meanwhile <= 4, failed_meanwhile
-        assert valid < 10 * check, (valid, check)
-        start = time.monotonic()
+        failed_before = _checks(srv.port, "failed")
         out = git.out("ls-remote", f"{srv.url}/public/fresh.git", timeout=60)
-        anonymous = time.monotonic() - start
         assert "refs/heads/main" in out
-        assert anonymous < max(1.0, 4 * check), (anonymous, check)
+        # A repository not resolved yet: its resolution never waits for a check.
+        failed_anonymous = _checks(srv.port, "failed") - failed_before
+        print(f"wrong passwords checked meanwhile: {failed_meanwhile:.0f} (valid user), "
+              f"{failed_anonymous:.0f} (anonymous) of {FLOODERS} flooders")
+        assert failed_meanwhile <= 4, failed_meanwhile
+        assert failed_anonymous <= 4, failed_anonymous
         assert srv.alive()
     finally:
         srv.stop()  # first: the checks still waiting are answered at once

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, git_env, start_server
+from gitutil import Committer, Git, git_env, poll, start_server
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -35,13 +35,16 @@ def _run(git: Git, args: list[str], cwd: Path | None = None) -> float:
     return time.monotonic() - t0
 
 
-def _cold(git: Git, root: Path, args: list[str], what: str, cwd: Path | None = None) -> None:
+def _cold(git: Git, root: Path, args: list[str], what: str, last: str,
+          cwd: Path | None = None) -> None:
+    """Run ``args`` against a fresh server; print the server's CPU time once the access log
+    has the operation's ``last`` command (the server has accounted for all of it)."""
     server = start_server(root)
     try:
         pid = server.proc.pid
         before = _cpu_s(pid)
         wall = _run(git, [a.replace("URL", server.url) for a in args], cwd)
-        time.sleep(0.05)
+        server.wait_for_line(f'"command":"{last}"', timeout=30)
         print(f"\ncold {what}: server CPU {1000 * (_cpu_s(pid) - before):.0f} ms, "
               f"client wall {wall:.2f} s")
     finally:
@@ -51,7 +54,7 @@ def _cold(git: Git, root: Path, args: list[str], what: str, cwd: Path | None = N
 @pytest.mark.slow
 def test_cold_bitmapped_clone(git: Git, long_root: Path, tmp_path: Path) -> None:
     _cold(git, long_root, ["clone", "-q", "--mirror", "URL/long.git", str(tmp_path / "c")],
-          "bitmapped clone of long.git")
+          "bitmapped clone of long.git", "fetch")
     assert (tmp_path / "c" / "packed-refs").exists()
     subprocess.run(["git", "fsck", "--no-progress"], cwd=tmp_path / "c", check=True,
                    env=git_env(git.home), capture_output=True)
@@ -69,7 +72,8 @@ def test_cold_fetch_of_one_commit(git: Git, long_root: Path, tmp_path: Path) -> 
     new = Committer(git, work, start=1_800_000_000).commit({"new.txt": "one more\n"}, "new")
     git.run("push", "-q", "origin", "HEAD:main", cwd=work)
     _cold(git, root, ["-c", "protocol.version=2", "--git-dir", str(base), "fetch", "-q",
-                      "URL/long.git", "+refs/heads/*:refs/heads/*"], "fetch of one new commit")
+                      "URL/long.git", "+refs/heads/*:refs/heads/*"], "fetch of one new commit",
+          "fetch")
     assert git.out("--git-dir", str(base), "rev-parse", "main").strip() == new
 
 
@@ -82,7 +86,7 @@ def test_cold_advertisement_of_100k_refs(git: Git, long_root: Path, tmp_path: Pa
     with open(served / "packed-refs", "a") as fh:
         fh.writelines(f"{tip} refs/heads/b{i:06d}\n" for i in range(100_000))
     _cold(git, root, ["-c", "protocol.version=2", "ls-remote", "-q", "URL/many.git"],
-          "advertisement of 100k refs (v2 ls-refs)")
+          "advertisement of 100k refs (v2 ls-refs)", "ls-refs")
     server = start_server(root)
     try:  # and the answer is complete
         refs = git.out("-c", "protocol.version=2", "ls-remote", f"{server.url}/many.git")
@@ -137,9 +141,15 @@ def _fetch_cold(git: Git, served: Path, client: Path, protocol: str,
              "--no-auto-gc", "--progress", f"{server.url}/{served.name}",
              "+refs/heads/*:refs/heads/*"],
             env=git_env(git.home), capture_output=True, text=True, timeout=120, check=True)
-        time.sleep(0.1)
-        logs = [json.loads(line) for line in list(server.lines)
-                if line.startswith("{") and '"command":"fetch"' in line]
+
+        def fetches() -> list[dict[str, object]] | None:
+            """The fetch records, once the one that sent the pack is logged (after its
+            response is done)."""
+            got = [json.loads(line) for line in list(server.lines)
+                   if line.startswith("{") and '"command":"fetch"' in line]
+            return got if any(r["objects"] for r in got) else None
+
+        logs = poll(fetches, 30, "the access-log line of the fetch that sent the pack")
     finally:
         server.stop()
     return proc.stderr, logs

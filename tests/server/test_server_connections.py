@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gitutil import REPO_ROOT, Git, LiveServer, start_server
+from gitutil import REPO_ROOT, Git, LiveServer, poll, start_server
 from rawhttp import (
     FLUSH,
     INFO_REFS,
     UPLOAD_CT,
     abort,
+    accept_queue,
     build_request,
     connect,
     decode_chunked,
@@ -38,9 +39,12 @@ IDLE_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 SHORT = ["--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", str(IDLE_TIMEOUT),
          "--body-timeout", str(BODY_TIMEOUT)]
-# How late past its deadline a close may come on a loaded machine, and how long a test
-# waits for a close that (before these settings existed) never came.
-SLACK = 3.0
+# How long a test waits for a close that (before these settings existed) never came: a
+# hang guard, 10x the deadlines. A close is asserted to come, for the right reason (the
+# timeouts metric), and not before its deadline (a lower bound, measured from before the
+# client's last act, that load cannot break); how soon after it comes is
+# ``python -m bench.slowclients``'s figure.
+SLACK = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +122,8 @@ def test_slow_header_is_cut_after_header_timeout(short_server: LiveServer) -> No
     port = short_server.port
     before = _timeouts(port, "header")
     head = build_request("GET", f"/basic.git{INFO_REFS}")
+    start = time.monotonic()  # before the connection: its deadline starts after this
     sock = connect(port)
-    start = time.monotonic()
     closed_after = None
     try:
         for byte in head:
@@ -128,7 +132,7 @@ def test_slow_header_is_cut_after_header_timeout(short_server: LiveServer) -> No
             except (BrokenPipeError, ConnectionResetError):
                 closed_after = time.monotonic() - start
                 break
-            closed_after = _closed_within(sock, 0.5)
+            closed_after = _closed_within(sock, 0.5)  # the scenario: a byte every 0.5 s
             if closed_after is not None:
                 closed_after = time.monotonic() - start
                 break
@@ -137,19 +141,22 @@ def test_slow_header_is_cut_after_header_timeout(short_server: LiveServer) -> No
     finally:
         sock.close()
     assert closed_after is not None, "a head dribbled at 2 bytes/s kept its connection"
-    assert HEADER_TIMEOUT - 0.2 <= closed_after <= HEADER_TIMEOUT + SLACK, closed_after
+    assert closed_after >= HEADER_TIMEOUT - 0.2, closed_after
     assert _timeouts(port, "header") == before + 1
 
 
 def test_silent_connection_is_closed(short_server: LiveServer) -> None:
     """A connection that never sends a byte is closed at the header timeout."""
+    before = _timeouts(short_server.port, "header")
+    start = time.monotonic()  # before the connection: its deadline starts after this
     sock = connect(short_server.port)
     try:
-        closed_after = _closed_within(sock, HEADER_TIMEOUT + SLACK)
+        closed = _closed_within(sock, HEADER_TIMEOUT + SLACK) is not None
     finally:
         sock.close()
-    assert closed_after is not None, "a silent connection stayed open"
-    assert closed_after >= HEADER_TIMEOUT - 0.2
+    assert closed, "a silent connection stayed open"
+    assert time.monotonic() - start >= HEADER_TIMEOUT - 0.2
+    assert _timeouts(short_server.port, "header") == before + 1
 
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickling"])
@@ -161,12 +168,12 @@ def test_slow_body_gets_408_and_is_closed(short_server: LiveServer, trickle: boo
     head = build_request("POST", "/basic.git/git-upload-pack",
                          {"Content-Type": UPLOAD_CT, "Content-Length": "1000"}, close=False)
     sock = connect(port)
-    start = time.monotonic()
+    start = time.monotonic()  # before the head: the body's deadline starts after this
     data = b""
     try:
         sock.sendall(head)
         while time.monotonic() - start < BODY_TIMEOUT + SLACK:
-            if trickle:
+            if trickle:  # the scenario: a byte every 0.25 s (the recv's timeout below)
                 try:
                     sock.send(b"0")
                 except (BrokenPipeError, ConnectionResetError):
@@ -186,7 +193,7 @@ def test_slow_body_gets_408_and_is_closed(short_server: LiveServer, trickle: boo
         sock.close()
     assert data.startswith(b"HTTP/1.1 408 "), data[:200]
     assert (b"too slow" if trickle else b"stalled") in data
-    assert BODY_TIMEOUT - 0.2 <= elapsed <= BODY_TIMEOUT + SLACK, elapsed
+    assert elapsed >= BODY_TIMEOUT - 0.2, elapsed
     assert _timeouts(port, "body") == before + 1
 
 
@@ -201,17 +208,19 @@ def test_idle_keepalive_is_closed_and_reusable_before(short_server: LiveServer) 
         sock.sendall(req)
         head, _ = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200 "), head
-        time.sleep(IDLE_TIMEOUT / 2)
+        time.sleep(IDLE_TIMEOUT / 2)  # the scenario: the next request comes 1 s later
+        start = time.monotonic()  # before the second request: its idle time starts after
         sock.sendall(req)
         head, body = _read_response(sock)
         assert head.startswith(b"HTTP/1.1 200 "), head
         assert parse_pkts(decode_chunked(body)[0])[0] == b"# service=git-upload-pack\n"
         # Opened 1 s + two requests ago: past HEADER_TIMEOUT/2, well before any deadline.
-        closed_after = _closed_within(sock, IDLE_TIMEOUT + SLACK)
+        closed = _closed_within(sock, IDLE_TIMEOUT + SLACK) is not None
     finally:
         sock.close()
-    assert closed_after is not None, "an idle kept-alive connection stayed open"
-    assert IDLE_TIMEOUT - 0.2 <= closed_after <= IDLE_TIMEOUT + SLACK, closed_after
+    assert closed, "an idle kept-alive connection stayed open"
+    # Not closed by a deadline counted from the connection's opening (1 s earlier).
+    assert time.monotonic() - start >= IDLE_TIMEOUT - 0.2
     assert _timeouts(port, "idle") == before + 1
 
 
@@ -238,7 +247,7 @@ def test_slow_reader_of_a_big_pack_is_never_cut(big_root: tuple[Path, str]) -> N
                 if not more:
                     break
                 got += more
-                time.sleep(0.004)  # ~4 MB/s: about 4 s for the whole pack
+                time.sleep(0.004)  # the scenario, a slow reader: at most ~4 MB/s, 4 s or more
         finally:
             sock.close()
         elapsed = time.monotonic() - start
@@ -255,20 +264,41 @@ def test_slow_reader_of_a_big_pack_is_never_cut(big_root: tuple[Path, str]) -> N
 
 # ------------------------------------------------------------------ the connection cap
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture
-def capped_server(fixture_root: Path) -> Iterator[LiveServer]:
-    """Three connections at most, long timeouts (the cap, not a deadline, acts here)."""
+def capped_server(fixture_root: Path) -> Iterator[tuple[LiveServer, int]]:
+    """Three connections at most, long timeouts (the cap, not a deadline, acts here); and
+    the port of its /metrics, which a scrape can reach without taking one of the three."""
+    metrics_port = _free_port()
     srv = start_server(fixture_root, extra_args=[
-        "--max-connections", "3", "--header-timeout", "60", "--body-timeout", "60"])
-    yield srv
+        "--max-connections", "3", "--header-timeout", "60", "--body-timeout", "60",
+        "--metrics-port", str(metrics_port)])
+    yield srv, metrics_port
     srv.stop()
 
 
-def test_cap_evicts_the_longest_waiting_idle_connection(capped_server: LiveServer) -> None:
-    port = capped_server.port
+def _accepted(port: int) -> None:
+    """Wait until the server has accepted every connection made to ``port`` so far."""
+    poll(lambda: accept_queue(port) == 0, 10, "the server to accept the connections")
+
+
+def _in_flight(metrics_port: int, n: int) -> None:
+    """Wait until ``n`` requests are being handled (their heads read, their bodies due)."""
+    poll(lambda: _metric(metrics_port, "gitspout_requests_in_flight") == n, 10,
+         f"{n} requests in flight")
+
+
+def test_cap_evicts_the_longest_waiting_idle_connection(
+        capped_server: tuple[LiveServer, int]) -> None:
+    port = capped_server[0].port
     idle = [connect(port) for _ in range(3)]
     try:
-        time.sleep(0.3)  # all three accepted and waiting, oldest first
+        _accepted(port)  # all three accepted and waiting, oldest first
         assert get_info_refs(port).status == 200  # a fourth: the oldest idle one makes room
         assert _closed_within(idle[0], 5) is not None, "the oldest idle connection was kept"
         assert _closed_within(idle[1], 0.3) is None and _closed_within(idle[2], 0.3) is None
@@ -279,15 +309,16 @@ def test_cap_evicts_the_longest_waiting_idle_connection(capped_server: LiveServe
             sock.close()
 
 
-def test_cap_refuses_with_503_when_every_connection_is_busy(capped_server: LiveServer) -> None:
-    port = capped_server.port
+def test_cap_refuses_with_503_when_every_connection_is_busy(
+        capped_server: tuple[LiveServer, int]) -> None:
+    port, metrics_port = capped_server[0].port, capped_server[1]
     head = build_request("POST", "/basic.git/git-upload-pack",
                          {"Content-Type": UPLOAD_CT, "Content-Length": "100"}, close=False)
     busy = [connect(port) for _ in range(3)]
     try:
         for sock in busy:
             sock.sendall(head)  # a head and no body: each handler waits for the body
-        time.sleep(0.5)
+        _in_flight(metrics_port, 3)
         resp = get_info_refs(port)
         assert resp.status == 503, (resp.status, resp.body[:100])
         assert resp.header("connection") == "close"
@@ -301,13 +332,8 @@ def test_cap_refuses_with_503_when_every_connection_is_busy(capped_server: LiveS
     finally:
         for sock in busy:
             abort(sock)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the aborted ones are gone soon after
-        resp = get_info_refs(port)
-        if resp.status == 200:
-            break
-        time.sleep(0.1)
-    assert resp.status == 200
+    _in_flight(metrics_port, 0)  # the aborted ones are gone
+    assert get_info_refs(port).status == 200
     assert _metric(port, "gitspout_connections_rejected_total") >= 1
 
 
@@ -334,7 +360,7 @@ def test_clone_works_beside_1100_idle_sockets(tmp_path: Path, git: Git,
     try:
         for _ in range(IDLE_SOCKETS):
             socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
-        time.sleep(1.0)  # let the server accept them all
+        _accepted(srv.port)  # the server took them all (and evicted as it went)
         for version in ("2", "0"):
             dest = tmp_path / f"clone-v{version}"
             git.run("-c", f"protocol.version={version}", "clone", "-q",
@@ -375,9 +401,7 @@ def test_env_setting_is_validated_too(fixture_root: Path) -> None:
 def test_metrics_port_is_not_capped_by_the_serving_port(fixture_root: Path) -> None:
     """With the serving port at its cap (every connection busy), /metrics on
     --metrics-port still answers, and shows the refusal."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        metrics_port = probe.getsockname()[1]
+    metrics_port = _free_port()
     srv = start_server(fixture_root, extra_args=[
         "--max-connections", "1", "--body-timeout", "60", "--metrics-port", str(metrics_port)])
     busy = connect(srv.port)
@@ -385,7 +409,7 @@ def test_metrics_port_is_not_capped_by_the_serving_port(fixture_root: Path) -> N
         busy.sendall(build_request("POST", "/basic.git/git-upload-pack",
                                    {"Content-Type": UPLOAD_CT, "Content-Length": "100"},
                                    close=False))
-        time.sleep(0.5)
+        _in_flight(metrics_port, 1)
         assert get_info_refs(srv.port).status == 503
         assert _metric(metrics_port, "gitspout_connections_rejected_total") == 1
         assert _metric(metrics_port, "gitspout_connections_open") == 2  # busy + this scrape
@@ -394,21 +418,22 @@ def test_metrics_port_is_not_capped_by_the_serving_port(fixture_root: Path) -> N
         srv.stop()
 
 
-def test_cap_counts_no_connection_that_went_away_mid_request(capped_server: LiveServer) -> None:
+def test_cap_counts_no_connection_that_went_away_mid_request(
+        capped_server: tuple[LiveServer, int]) -> None:
     """Clients that vanish while their request is handled leave nothing behind: at the cap,
     the next newcomer still closes a real idle connection, and the count stays at the cap."""
-    port = capped_server.port
+    port, metrics_port = capped_server[0].port, capped_server[1]
     head = build_request("POST", "/basic.git/git-upload-pack",
                          {"Content-Type": UPLOAD_CT, "Content-Length": "100"}, close=False)
     for _ in range(3):
         gone = connect(port)
-        gone.sendall(head)  # its handler waits for the body...
-        time.sleep(0.2)
+        gone.sendall(head)
+        _in_flight(metrics_port, 1)  # its handler waits for the body...
         abort(gone)  # ...and the client vanishes
-    time.sleep(0.3)
+        _in_flight(metrics_port, 0)
     idle = [connect(port) for _ in range(3)]
     try:
-        time.sleep(0.3)
+        _accepted(port)
         assert get_info_refs(port).status == 200
         assert _closed_within(idle[0], 5) is not None, "the oldest idle connection was kept"
         assert _metric(port, "gitspout_connections_open") <= 3

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from gitutil import Git, LiveServer, fsck, start_server
-from rawhttp import FLUSH, connect, pkt_lines, request
+from gitutil import Git, LiveServer, fsck, poll, start_server
+from rawhttp import FLUSH, connect, pkt_lines, request, server_side
 
 TIMEOUT = 30
 
@@ -61,6 +61,7 @@ class ThrottledProxy:
                 dst.sendall(data)
                 if throttle:
                     self.sent += len(data)
+                    # The scenario: a client reading at ``rate`` (not a wait for anything).
                     time.sleep(len(data) / self.rate)
         except OSError:
             pass
@@ -127,10 +128,7 @@ def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], gi
         env={"HOME": str(git.home), "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"},
         stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while proxy.sent < (2 << 20) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert proxy.sent >= 2 << 20, "the pack never started"
+        poll(lambda: proxy.sent >= 2 << 20, TIMEOUT, "2 MiB of the pack through the proxy")
         srv.proc.send_signal(signal.SIGTERM)
         srv.wait_for_line("draining: 1 requests in flight")
         with pytest.raises(ConnectionRefusedError):
@@ -149,8 +147,13 @@ def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], gi
 
 
 def test_drain_timeout_cuts_a_stalled_reader(big_root: tuple[Path, str]) -> None:
-    """The stalled reader is cut at --drain-timeout, not twice that (aiohttp waits that
-    long for the handler, then again once it cancelled it: drain.py drain)."""
+    """A reader that stalls a response does not hold the drain past --drain-timeout: it is
+    cut, the drain says so, and the process exits 0.
+
+    That the exit comes at the timeout and not at twice it (aiohttp waits that long for the
+    handler, then again once it cancelled it: drain.py drain) is a matter of seconds, so it
+    is measured by ``python -m bench.slowclients`` ("stalled reader at SIGTERM"), not here:
+    here the wait is only bounded by a hang guard."""
     srv = start_server(big_root[0], extra_args=["--drain-timeout", "2"])
     sock = connect(srv.port, 10)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -160,12 +163,16 @@ def test_drain_timeout_cuts_a_stalled_reader(big_root: tuple[Path, str]) -> None
                      b"Content-Type: application/x-git-upload-pack-request\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # then never read again
-        time.sleep(0.5)
-        start = time.monotonic()
+        # Stalled: the server's send queue towards us holds bytes we do not take.
+        poll(lambda: (s := server_side(srv.port, sock)) is not None and s.tx_queue > 0,
+             TIMEOUT, "the server's send queue to the stalled reader to fill")
         srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=TIMEOUT) == 0
-        assert time.monotonic() - start < 2 + 1.5
+        assert srv.proc.wait(timeout=TIMEOUT) == 0  # a hang guard: 15 x --drain-timeout
     finally:
         sock.close()
         srv.stop()
     assert not [line for line in srv.lines if "Traceback" in line]
+    # Cut at the deadline with its bytes unsent: the drain neither waited for it nor
+    # counted it as delivered.
+    cut = [line for line in srv.lines if "drain-timeout: 1 connections still had" in line]
+    assert cut and int(cut[0].split(" had ")[1].split()[0]) > 0, srv.lines[-10:]

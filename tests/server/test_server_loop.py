@@ -1,16 +1,16 @@
 """Heavy request work stays off the event loop: while gzip bombs (within the caps) are
 inflated, a tiny ls-refs on another repository is still answered.
 
-The p50/p99 latency figures belong to bench/loopstall.py. Here the check is relative, so
-that a slow or busy machine cannot make it flaky: every ls-refs sent while the bombs run
-must complete, and the typical one must take a small fraction of a bomb's own time. With
-inflation on the loop an ls-refs waits behind whole inflations and the two are alike.
+The p50/p99 latency figures belong to bench/loopstall.py. Here the check counts requests,
+so that a slow or busy machine cannot make it flaky: every ls-refs sent while the bombs
+run must complete, one after the other, and many more of them are served than bombs. With
+inflation on the loop an ls-refs waits behind whole inflations: at most one is served per
+bomb.
 """
 
 from __future__ import annotations
 
 import gzip
-import statistics
 import threading
 import time
 
@@ -22,6 +22,9 @@ BOMBS_EACH = 3
 # Inflates to just under the session server's 64 MiB cap, as one repeated byte: ~64 KB
 # sent. The inflated body is not pkt-lines, so each bomb ends in a 400 after inflation.
 BOMB = gzip.compress(b"z" * (60 << 20), 9)
+# ls-refs served per bomb at least: on the loop an inflation holds every request back, and
+# at most one ls-refs gets through between two inflations.
+PER_BOMB = 4
 
 
 def _bomb(port: int) -> int:
@@ -41,37 +44,30 @@ def test_tiny_ls_refs_answered_while_gzip_bombs_inflate(server: LiveServer) -> N
     expected = _tiny(port)
     assert b"refs/heads/main" in b"".join(p for p in parse_pkts(expected) if p)
     assert _bomb(port) == 400  # the repository resolved, the pool warm
-    bombs: list[tuple[float, float]] = []
     statuses: list[int] = []
     lock = threading.Lock()
 
     def bomber() -> None:
         for _ in range(BOMBS_EACH):
-            start = time.monotonic()
             status = _bomb(port)
             with lock:
-                bombs.append((start, time.monotonic()))
                 statuses.append(status)
 
     threads = [threading.Thread(target=bomber, daemon=True) for _ in range(BOMBERS)]
     for t in threads:
         t.start()
-    tinies: list[tuple[float, float]] = []
-    deadline = time.monotonic() + 120
-    time.sleep(0.05)  # the bombs' bodies are on their way
-    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        start = time.monotonic()
+    served = 0  # ls-refs answered (in order, one at a time) while bombs were still coming
+    deadline = time.monotonic() + 120  # a hang guard: the bombs take about a second
+    while any(t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, "the bombs are not answered"
         assert _tiny(port) == expected
-        tinies.append((start, time.monotonic()))
+        served += 1
     for t in threads:
-        t.join(timeout=max(1.0, deadline - time.monotonic()))
-    assert statuses == [400] * (BOMBERS * BOMBS_EACH), statuses
-    first_bomb_start = min(s for s, _ in bombs)
-    last_bomb_end = max(e for _, e in bombs)
-    during = [e - s for s, e in tinies if s >= first_bomb_start and e <= last_bomb_end]
-    bomb_time = statistics.median(e - s for s, e in bombs)
-    assert len(during) >= 5, f"{len(during)} ls-refs completed while {len(bombs)} bombs ran"
-    typical = statistics.median(during)
-    assert typical < bomb_time / 5, (
-        f"ls-refs took {typical * 1000:.0f} ms (median of {len(during)}) while a bomb took "
-        f"{bomb_time * 1000:.0f} ms: the event loop is inflating")
+        t.join(timeout=120)
+    bombs = BOMBERS * BOMBS_EACH
+    assert statuses == [400] * bombs, statuses
+    print(f"{served} ls-refs served while {bombs} gzip bombs were inflated")
+    # Measured: 816-1,060 on this machine idle; 3-4 with the inflation moved onto the loop.
+    assert served >= PER_BOMB * bombs, (
+        f"only {served} ls-refs served while {bombs} bombs were inflated: the event loop "
+        "is inflating")

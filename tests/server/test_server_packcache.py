@@ -330,16 +330,23 @@ def test_push_and_repack_give_new_keys(git: Git, fixture_root: Path, tmp_path: P
         srv.stop()
 
 
+TTL_S = 3
+
+
 def test_ttl_and_second_occurrence(git: Git, fixture_root: Path, tmp_path: Path,
                                    cache_dir: Path) -> None:
+    # The third clone must come within the TTL of the second's entry: TTL_S is 30x the
+    # ~0.1 s a clone of basic.git takes, for a busy machine.
     srv = start_server(fixture_root, ["--pack-cache-dir", str(cache_dir), "--pack-cache-ttl",
-                                      "1", "--pack-cache-on", "second"])
+                                      str(TTL_S), "--pack-cache-on", "second"])
     try:
         url = f"{srv.url}/basic.git"
         for i in range(3):
             git.run("clone", "--mirror", "-q", url, str(tmp_path / f"c{i}.git"))
         assert lookups(srv) == {"hit": 1, "miss": 1, "joined": 0, "bypass": 1}
-        time.sleep(1.2)  # past the TTL: generated again, and kept again
+        # The scenario: the entry grows older than its TTL. Nothing to poll (it expires at
+        # the next lookup); a sleep never ends early, so this cannot come too soon.
+        time.sleep(TTL_S + 0.2)
         git.run("clone", "--mirror", "-q", url, str(tmp_path / "late.git"))
         assert lookups(srv) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 1}
         assert metrics(srv)['gitspout_pack_cache_evictions_total{reason="ttl"}'] == 1

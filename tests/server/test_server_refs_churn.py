@@ -91,6 +91,8 @@ def _changes(git: Git, repo: Path, work: Path, states: list[_State], stop: threa
                         parent)
             done = time.monotonic()
             states.append(_State(started, done, _ls_remote(git, f"file://{repo}")))
+            # The scenario: pushes come at uneven gaps (nothing waits on this sleep; the
+            # answers are checked against the states' intervals, whatever they are).
             time.sleep(rng.choice([0.0, 0.01, 0.05]))
     except BaseException as exc:  # reported by the test
         errors.append(exc)

@@ -77,7 +77,7 @@ def test_small_ls_refs_completes_beside_large_ones(git: Git, fixture_root: Path,
             small.append(time.monotonic() - t0)
             assert resp.status == 200
             assert resp.body == expected_small
-            time.sleep(0.005)
+            time.sleep(0.005)  # the small client's pace (it is counted, below, not timed)
         worker.join(timeout=120)
     finally:
         srv.stop()

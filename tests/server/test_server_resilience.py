@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from gitutil import Git, LiveServer
+from gitutil import Git, LiveServer, poll
 from rawhttp import (
     FLUSH,
     UPLOAD_CT,
@@ -18,11 +18,13 @@ from rawhttp import (
     build_request,
     connect,
     get_info_refs,
+    metric,
     parse_pkts,
     pkt_lines,
     post_upload_pack,
     read_head,
     read_until_close,
+    server_side,
     thread_count,
     v2_command,
 )
@@ -68,6 +70,31 @@ def _start_then_vanish(port: int, request: bytes, read: int, rst: bool) -> bytes
     return got
 
 
+def _no_request_in_flight(port: int) -> None:
+    poll(lambda: metric(port, "gitspout_requests_in_flight") == 0, 10,
+         "the requests of the vanished clients to end")
+
+
+def _all_stalled(port: int, socks: list[socket.socket]) -> None:
+    """Wait until the server is held up by every one of ``socks`` (clients that do not
+    read): each response has bytes waiting in the kernel for its client, and the pool has
+    stopped producing (no job running or queued), on three scrapes in a row, for a pack
+    producer is idle for a moment between two steps."""
+    idle = [0]
+
+    def stalled() -> bool:
+        if not all((s := server_side(port, sock)) is not None and s.tx_queue > 0
+                   for sock in socks):
+            return False
+        quiet = (metric(port, "gitspout_requests_in_flight") == len(socks)
+                 and metric(port, "gitspout_thread_pool_busy") == 0
+                 and metric(port, "gitspout_thread_pool_queue_length") == 0)
+        idle[0] = idle[0] + 1 if quiet else 0
+        return idle[0] >= 3
+
+    poll(stalled, 30, f"{len(socks)} responses stalled by their clients")
+
+
 def _full_pack_bytes(port: int, body: bytes, repo: str, version: int = 0) -> int:
     resp = post_upload_pack(port, body, repo=repo, version=version, timeout=60)
     assert resp.status == 200
@@ -108,9 +135,7 @@ def test_no_leaked_threads_after_disconnects(big_server: LiveServer,
                             body, close=False)
     for i in range(10):
         _start_then_vanish(big_server.port, request, read=500, rst=bool(i % 2))
-    deadline = time.monotonic() + 10
-    while thread_count(pid) > before and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _no_request_in_flight(big_server.port)
     # The pool is bounded (--threads 2): workers may appear, but never one per request.
     assert thread_count(pid) <= before + BIG_THREADS
     _full_pack_bytes(big_server.port, body, "big.git")
@@ -132,7 +157,7 @@ def test_stalled_readers_do_not_buffer_whole_packs(big_server: LiveServer,
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(request)
             socks.append(sock)
-        time.sleep(2.0)
+        _all_stalled(big_server.port, socks)  # all the server will buffer, it has
         grown_mib = (_proc_status(pid, "RssAnon") - before) / 1024
         # Six whole packs would be 96 MiB or more.
         assert grown_mib < 48, f"RssAnon grew {grown_mib:.0f} MiB with 6 stalled readers"
@@ -182,7 +207,7 @@ def test_disconnect_before_response(server: LiveServer, oids: dict[str, str]) ->
             abort(sock)
         else:
             sock.close()
-    time.sleep(0.2)
+    _no_request_in_flight(server.port)
     assert server.alive()
     assert _full_pack_bytes(server.port, body, "basic.git") > 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -69,17 +68,16 @@ def test_32_never_reading_clients_do_not_lock_out_a_small_fetch(
                  for i in range(ATTACKERS)]
         assert wait_until(
             lambda: metric(srv.port, "gitspout_admission_in_progress") == ATTACKERS, 30)
-        start = time.monotonic()
         dest = tmp_path / "small"
         git.run("clone", "-q", "--bare", f"{srv.url}/small.git", str(dest),
                 timeout=QUEUE_WAIT + 30)
-        waited = time.monotonic() - start
         fsck(git, dest)
         # Every stalled response is cut, and its slot given back.
         assert wait_until(lambda: _timeouts(srv.port, "send") == ATTACKERS, 30)
         assert wait_until(lambda: metric(srv.port, "gitspout_admission_in_progress") == 0, 10)
+        # The small clone got a slot given back, not one freed as its wait ran out: no
+        # fetch waited --pack-queue-wait (counted, where it was once timed).
         assert metric(srv.port, 'gitspout_admission_rejected_total{reason="wait_timeout"}') == 0
-        assert waited < QUEUE_WAIT
     finally:
         for sock in socks:
             sock.close()
