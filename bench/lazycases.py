@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.client import git_out, run_git
+from bench.client import client_env, git_out, run_git
 from bench.run import Bench, Case, Side
 
 KEEP_PACKS = ("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1")
@@ -171,8 +171,21 @@ class DeepenCase(_FromTemplate):
                                 "--batch-check=%(objectname)"]).split())
 
     def op(self, side: Side, state: Path) -> None:
+        # GIT_TRACE_PACKFILE keeps the pack as it came off the wire: index-pack --fix-thin
+        # then appends the thin bases the client already had, and those were never sent.
+        env = {**client_env(), "GIT_TRACE_PACKFILE": str(self._wire(state))}
         run_git([*KEEP_PACKS, "-c", "protocol.version=2", "-C", str(state), "fetch",
-                 "--quiet", "--depth=20", "origin"], timeout=self.timeout)
+                 "--quiet", "--depth=20", "origin"], timeout=self.timeout, env=env)
+
+    @staticmethod
+    def _wire(state: Path) -> Path:
+        return state / ".git" / "wire.pack"
+
+    def objects_sent(self, state: Path) -> int:
+        """Objects in the pack on the wire (its header), not the fixed-up pack on disk."""
+        with self._wire(state).open("rb") as fh:
+            head = fh.read(12)
+        return int(struct.unpack(">I", head[8:12])[0])
 
     def verify(self, side: Side, state: Path, check: bool) -> str:
         gitdir = state / ".git"
@@ -180,15 +193,24 @@ class DeepenCase(_FromTemplate):
         after = (gitdir / "shallow").read_text().split()
         if sorted(before) == sorted(after):
             raise AssertionError("the shallow boundary did not move")
-        resent = 0
+        # Entries below the wire pack's end came over the wire; those after it are the
+        # bases index-pack appended (a thin pack's bases, which the client had).
+        wire_end = self._wire(state).stat().st_size - 20
+        resent = appended = 0
         for idx in (gitdir / "objects" / "pack").glob("pack-*.idx"):
             if idx.name in self.before:
                 continue
             with idx.open("rb") as fh:
                 listing = subprocess.run(["git", "show-index"], stdin=fh, capture_output=True,
                                          check=True, timeout=self.timeout).stdout.decode()
-            resent += sum(1 for line in listing.splitlines() if line.split()[1] in self.had)
-        note = f"{len(after)} shallow, {resent} objects sent that the client had"
+            for line in listing.splitlines():
+                offset, oid = line.split()[:2]
+                if int(offset) >= wire_end:
+                    appended += 1
+                elif oid in self.had:
+                    resent += 1
+        note = (f"{len(after)} shallow, {resent} objects sent that the client had, "
+                f"{appended} thin bases")
         if check:
             run_git(["-C", str(state), "fsck", "--no-progress", "--connectivity-only"],
                     timeout=self.timeout)
