@@ -90,6 +90,9 @@ class Enumeration:
     objects: list[ObjectEntry]
     have_objects: set[bytes]  # trees/blobs of the boundary: delta bases for thin packs
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
+    # An object sent -> the client's version of the same path in a child commit (a deepen's
+    # unchanged file: the only delta base it has outside its own older versions).
+    newer: dict[bytes, bytes] = field(default_factory=dict)
 
 
 def _split_wants(src: CommitSource, wants: Iterable[bytes]) -> tuple[list[bytes], list[ObjectEntry]]:
@@ -122,6 +125,7 @@ class _TreeWalk(TreeDiffWalk):
     seen: dict[bytes, int] = field(default_factory=dict)
     shown: set[bytes] = field(default_factory=set)
     hints: dict[bytes, bytes] = field(default_factory=dict)  # object -> same path in parent
+    newer: dict[bytes, bytes] = field(default_factory=dict)  # see Enumeration.newer
     reverse = True  # the enumeration's order, entry by entry
     base_is_had: bool = False  # the tree walked against is the client's: its side is had
 
@@ -140,9 +144,14 @@ class _TreeWalk(TreeDiffWalk):
         if base is not None:
             self.hints[oid] = base
 
+    def _note_newer(self, oid: bytes, base: bytes | None) -> None:
+        if base is not None and oid in self.have and base not in self.have:
+            self.newer.setdefault(base, oid)
+
     def enter(self, tree: bytes, base: bytes | None, depth: int) -> bool:
         if base is not None and self.base_is_had:
             self.have.add(base)
+        self._note_newer(tree, base)
         if not self._visit(tree, depth):
             return False
         show, walk = self.flt.check(tree, OBJ_TREE, depth)
@@ -153,6 +162,7 @@ class _TreeWalk(TreeDiffWalk):
     def blob(self, oid: bytes, base: bytes | None, depth: int) -> None:
         if base is not None and self.base_is_had:
             self.have.add(base)
+        self._note_newer(oid, base)
         if self._visit(oid, depth) and self.flt.check(oid, OBJ_BLOB, depth)[0]:
             self._show(oid, OBJ_BLOB, base)
 
@@ -220,7 +230,7 @@ def enumerate_objects(
     _walk_commit_trees(src, walker, commits, bad, cut, had)
     if tag_refs:
         include_tags(_Listed(out), tag_refs, bad | have_objects)
-    return Enumeration(out, have_objects, walker.hints)
+    return Enumeration(out, have_objects, walker.hints, walker.newer)
 
 
 def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[bytes],

@@ -109,7 +109,8 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
         have = enum.have_objects
         thin = lambda _pack, _rank, oid: oid in have  # noqa: E731
     source = ReusePackSource(odb, selection, ofs_delta=order.ofs_delta, thin=thin,
-                             delta_hints=enum.hints, listed_only=listed_only,
+                             delta_hints=enum.hints, newer_hints=enum.newer,
+                             listed_only=listed_only,
                              inflate=objects.inflate, layouts=caches.layouts)
     source.stats.kind = "walk"
     return source

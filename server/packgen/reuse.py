@@ -244,7 +244,9 @@ class ReusePackSource(EntryWriter):
         if self._delta_budget <= 0:
             return False
         oid = part.pack.oid_at(part.pack.pack_order[rank])
-        return oid in self.hints and self._new_delta_base(oid, part, rank) is not None
+        if oid not in self.hints and oid not in self._newer_versions():
+            return False
+        return self._new_delta_base(oid, part, rank) is not None
 
     def _delta_or_copy(self, part: SelectedPack, rank: int, out: PackOut) -> Iterator[None]:
         """An entry stored whole (:meth:`_thin_hinted`): a new delta against its hint when

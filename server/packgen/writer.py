@@ -12,7 +12,7 @@ import heapq
 import tempfile
 import time
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from ..store.bigobjects import LARGE_OBJECT, PIECE, ByteBudget, iter_loose
 from ..store.lru import ByteLRU
@@ -45,6 +45,7 @@ class EntryWriter:
         ofs_delta: bool,
         thin: ThinCheck | None = None,
         delta_hints: dict[bytes, bytes] | None = None,
+        newer_hints: dict[bytes, bytes] | None = None,
         compression: int = zlib.Z_DEFAULT_COMPRESSION,
         listed_only: bool = False,
         inflate: ByteBudget | None = None,
@@ -55,6 +56,7 @@ class EntryWriter:
         self.ofs_delta = ofs_delta
         self.thin = thin
         self.hints = delta_hints or {}
+        self.newer_hints = newer_hints or {}  # object -> the client's next version of it
         self.compression = compression
         # Every object is listed, none selected from a pack (no pack's reverse index is
         # needed): a stored delta is kept when its base is known (see _write_listed).
@@ -68,6 +70,7 @@ class EntryWriter:
         self._delta_budget = NEW_DELTA_SECONDS + NEW_DELTA_SECONDS_PER_OBJECT * selection.count
         self.stats = PackStats(objects=selection.count, kind="reuse")
         self._written: dict[bytes, int] = {}  # objects written whole, by id
+        self._newer: dict[bytes, bytes] | None = None  # _newer_versions, made when needed
         self._done: list[SelectedPack] = []
         # Entries of the pack being copied that were written here instead of reused (their
         # stored base is not sent): rank -> rank of the base they were deltified against in
@@ -260,13 +263,34 @@ class EntryWriter:
         in the tree the walk diffed against), or that one's hint, and so on
         (:data:`HINT_CHAIN` steps), the first that is written already or that the client
         has (a thin pack): (base, its output offset or None, its rank in ``part`` or -1).
+        In a thin pack, then the other way: the objects whose hint ``oid`` is (the next
+        version of the same file), and theirs.
 
         The chain matters for a deepen: a file's older version is usually stored as a
         delta of the newer one, which is sent too, so the older one cannot take the newer
-        as its base (a cycle) but can take the version before that, or the client's. An
-        entry whose base comes later waited for it instead (_write_whole): a delta must
-        follow its base for libgit2 and isomorphic-git."""
-        base = self.hints.get(oid)
+        as its base (a cycle) but can take the version before that, or the client's. A
+        file that stayed the same over the commits sent has only older versions on its
+        hint chain, each a delta of it; its newer versions lead to the client's (C git
+        finds that one by its name among the preferred bases). An entry whose base comes
+        later waited for it instead (_write_whole): a delta must follow its base for
+        libgit2 and isomorphic-git."""
+        found = self._base_along(self.hints.get, oid, part, rank)
+        if found is None and self.thin is not None:
+            found = self._base_along(self._newer_versions().get, oid, part, rank)
+        return found
+
+    def _newer_versions(self) -> dict[bytes, bytes]:
+        """The delta hints turned around (an object -> one whose hint it is), and the
+        client's versions the walk met in the commits above (``newer_hints``)."""
+        if self._newer is None:
+            self._newer = {base: oid for oid, base in self.hints.items()}
+            self._newer.update(self.newer_hints)
+        return self._newer
+
+    def _base_along(self, step: Callable[[bytes], bytes | None], oid: bytes,
+                    part: SelectedPack | None,
+                    rank: int) -> tuple[bytes, int | None, int] | None:
+        base = step(oid)
         for _ in range(HINT_CHAIN):
             if base is None:
                 return None
@@ -281,7 +305,7 @@ class EntryWriter:
                 base_at = self._find_written(base)
                 if base_at is not None or (self.thin is not None and self.thin(None, -1, base)):
                     return base, base_at, -1
-            base = self.hints.get(base)
+            base = step(base)
         return None
 
     def _chain_avoids(self, part: SelectedPack, start: int, target: int) -> bool:

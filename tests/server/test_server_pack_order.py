@@ -229,3 +229,46 @@ def test_a_deepen_deltifies_against_what_the_client_has(git: Git, order_server: 
         return sum(1 for _, kind, _ in pack_entries(pack) if kind < 6)
 
     assert whole(ours) <= whole(theirs), (whole(ours), whole(theirs), len(ours), len(theirs))
+
+
+def test_a_deepen_deltifies_a_file_against_the_clients_next_version(
+        git: Git, order_server: LiveServer, order_root: Path, tmp_path: Path) -> None:
+    """A file that stays the same over the commits a deepen sends, and that git stores
+    whole (its older versions as deltas of it), has only those older versions on its delta
+    hint chain: a cycle. Its next version, which the client has from its shallow tip, is
+    the base C git finds (by name, among its preferred bases). gitspout sent it whole: a
+    deepen of dulwich's history was 1.6x C git's bytes."""
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    base = [f"line {i} of a file that grows and then shrinks again\n" for i in range(2000)]
+    c.commit({"g.txt": "0\n"}, "the root, without f")
+    c.commit({"f.txt": "".join(base[:1500])}, "f v0")
+    c.commit({"f.txt": "".join(base)}, "f v1: the largest, stored whole")
+    for n in range(3):
+        c.commit({"g.txt": f"{n + 1}\n"}, f"g {n}")
+    c.commit({"f.txt": "".join(base[:1900])}, "f v2: the client's")
+    for n in range(3):
+        c.commit({"g.txt": f"{n + 10}\n"}, f"g {n + 10}")
+    gitdir = order_root / "nextversion.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(gitdir))
+    git.run("repack", "-q", "-adf", "--window=50", "--depth=50", cwd=gitdir)
+    v1 = git.out("rev-parse", "main~7:f.txt", cwd=gitdir).strip()
+    stored = git.out("verify-pack", "-v", *map(str, (gitdir / "objects" / "pack").glob("*.idx")),
+                     cwd=gitdir)
+    assert any(line.split()[:2] == [v1, "blob"] and len(line.split()) == 5
+               for line in stored.splitlines()), "v1 is expected stored whole"
+    tip = git.out("rev-parse", "main", cwd=gitdir).strip()
+    args = [f"want {tip}", f"shallow {tip}", f"have {tip}", "deepen 20", "thin-pack",
+            "ofs-delta", "no-progress", "done"]
+    body = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(*args) + FLUSH
+    resp = post_upload_pack(order_server.port, body, repo="nextversion.git", version=2)
+    ours = pack_bytes(resp.body)
+    theirs = pack_bytes(c_git_v2_answer(git, gitdir, body).stdout)
+    assert ours is not None and theirs is not None
+
+    def whole_blobs(pack: bytes) -> int:
+        return sum(1 for _, kind, _ in pack_entries(pack) if kind == 3)
+
+    assert whole_blobs(ours) <= whole_blobs(theirs), (whole_blobs(ours), whole_blobs(theirs))
+    assert len(ours) < 2 * len(theirs), (len(ours), len(theirs))
