@@ -173,7 +173,8 @@ class Config:
                           "is closed, or the new one refused if none is idle", "group": "listening"},
     )
 
-    # Open files and memory (docs/ARCHITECTURE.md I1; docs/operations.md "Open files").
+    # Open files and memory (docs/ARCHITECTURE.md I1; docs/operations.md "Open files" under
+    # "Repositories on NFS").
     max_open_packs: int = field(
         default=256,
         metadata={"help": "descriptors and maps of pack, idx and commit-graph files kept "
