@@ -188,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve the repositories under --root over smart HTTP (read-only). Every "
         "setting is a flag, an environment variable GITSPOUT_NAME and a key of the --config "
         "file; a flag wins over the environment, the environment over the file. Sizes take "
-        "KiB, MiB, GiB (32MiB, \"32 MiB\", 33554432).")
+        "KiB, MiB, GiB (32MiB, \"32 MiB\"), or a number of bytes.")
     config_p = sub.add_parser(
         "config", help="print the effective settings and where each came from",
         usage="gitspout config [--check-config] [settings as for serve]",

@@ -22,7 +22,7 @@ from .namespaces import NamespaceMap
 
 __all__ = ["describe", "check"]
 
-_WIDTH = 44  # the column of the source comments
+_WIDTH = 42  # where the source comments start (two spaces after a longer line)
 
 
 def _toml_value(f: Any, value: Any) -> str:
@@ -42,7 +42,7 @@ def describe(cfg: Config, sources: dict[str, str]) -> str:
     for f in fields(Config):
         by_group[group_of(f)].append(f)
     config_line = f"# config = {json.dumps(cfg.config)}" if cfg.config else "# config ="
-    out.append(f"{config_line:<{_WIDTH}}# {sources['config']}")
+    out.append(f"{config_line:<{_WIDTH}}  # {sources['config']}")
     for group, members in by_group.items():
         members = [f for f in members if f.name != "config"]
         if not members:
@@ -52,7 +52,7 @@ def describe(cfg: Config, sources: dict[str, str]) -> str:
             value = getattr(cfg, f.name)
             line = (f"# {f.name} =" if value is None else
                     f"{f.name} = {_toml_value(f, value)}")
-            out.append(f"{line:<{_WIDTH}}# {sources[f.name]}")
+            out.append(f"{line:<{_WIDTH}}  # {sources[f.name]}")
     return "\n".join(out) + "\n"
 
 
