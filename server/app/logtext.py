@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["EscapingFormatter", "TextFormatter", "JsonFormatter", "escape_controls",
-           "install_logging", "install_escaping", "logfmt", "STARTUP", "FIELDS"]
+           "install_logging", "logfmt", "STARTUP", "FIELDS"]
 
 STARTUP = "gitspout.startup"
 FIELDS = "fields"  # the LogRecord attribute (``extra={FIELDS: {...}}``) of structured fields
@@ -124,8 +124,4 @@ def install_logging(level: str, log_format: str = "text") -> None:
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     logging.getLogger(STARTUP).setLevel(logging.INFO)
-
-
-def install_escaping(level: str) -> None:
-    """:func:`install_logging` in the text format (the name it had before the JSON one)."""
-    install_logging(level, "text")
+    logging.captureWarnings(True)  # Python's warnings too: a line in the same format
