@@ -58,7 +58,10 @@ HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 SERVER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "handler_cancellation": True}
 
 STATE_KEY = web.AppKey("state", ServerState)
-REQUEST_ID = "gitspout.request_id"  # the request's id, in its aiohttp request dict
+# The request's id, in its aiohttp request dict (typed keys since aiohttp 3.12; a string,
+# which newer versions warn about, before).
+REQUEST_ID: Any = (web.RequestKey("request_id", str) if hasattr(web, "RequestKey")
+                   else "gitspout.request_id")
 
 
 def request_id(forwarding: Forwarding, request: web.BaseRequest) -> str:
