@@ -21,8 +21,8 @@ import uvloop
 from aiohttp import web
 
 from .auth import hash_password, load_access
-from .config import Config, ConfigError, add_config_arguments, load_settings
-from .configview import check, describe
+from .config import Config, ConfigError, load_settings
+from .configview import add_config_arguments, check, describe
 from .connections import ConnectionGuard, install_log_filter, listen
 from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, make_app, metrics_response

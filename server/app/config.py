@@ -4,7 +4,6 @@ key ``name`` in an optional TOML file. Precedence: flag, then env, then file, th
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import math
 import os
@@ -16,8 +15,8 @@ from typing import Any
 
 from .namespaces import NamespaceMap, namespaces_setting
 
-__all__ = ["Config", "ConfigError", "load_config", "load_settings", "add_config_arguments",
-           "parse_size", "format_size", "GROUPS", "group_of", "proxy_networks"]
+__all__ = ["Config", "ConfigError", "load_config", "load_settings", "parse_size",
+           "format_size", "GROUPS", "group_of", "proxy_networks"]
 
 # The topics of ``serve --help`` and of the README's settings table, in this order. A
 # setting names its own in its metadata ("group"); one without lands in "other".
@@ -375,47 +374,6 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     except (ValueError, TypeError, OverflowError) as exc:
         why = f": {exc}" if name in ("namespaces", "trusted_proxies") else ""
         raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}{why}") from None
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one ``--flag`` per setting, in argument groups by topic (:data:`GROUPS`); unset
-    flags stay ``None`` so env and file can fill them."""
-    groups = {name: parser.add_argument_group(name, about) for name, about in GROUPS.items()}
-    for f in fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        default = "none" if f.default in (None, "") else f.default
-        if f.metadata.get("size") and isinstance(f.default, int):
-            default = format_size(f.default)
-        elif isinstance(f.default, bool):
-            default = "on" if f.default else "off"
-        help_text = (f.metadata.get("help", "")
-                     + f" (default: {default}; env GITSPOUT_{f.name.upper()})")
-        target = groups[group_of(f)] if f.name != "config" else parser
-        if f.type == "bool":
-            target.add_argument(flag, dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            target.add_argument(flag, dest=f.name, default=None, help=help_text,
-                                metavar=_metavar(f))
-    for name, group in groups.items():  # no empty "other" heading
-        if not group._group_actions:
-            parser._action_groups.remove(group)
-            del groups[name]
-            break
-
-
-def _metavar(f: Any) -> str:
-    if "metavar" in f.metadata:
-        return str(f.metadata["metavar"])
-    if f.metadata.get("size"):
-        return "SIZE"
-    if f.name == "config" or f.name.endswith("_file"):
-        return "FILE"
-    if f.name == "root" or f.name.endswith("_dir"):
-        return "DIR"
-    if f.name.endswith("port"):
-        return "PORT"
-    return {"int": "N", "float": "SECONDS"}.get(f.type, f.name.split("_")[-1].upper())
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""``gitspout config`` / ``serve --print-config`` and ``--check-config``: the effective
-settings with where each came from, and a check of everything a start would read (the
-settings, the TOML file, the auth file, the namespaces' repositories) without starting.
+"""Settings as operators see them: the flags of ``serve --help`` by topic, ``gitspout
+config`` / ``serve --print-config`` (the effective settings with where each came from), and
+``--check-config`` (everything a start would read: the settings, the TOML file, the auth
+file, the namespaces' repositories, checked without starting).
 
 The printed settings are a TOML file gitspout reads back (``--config``) to the same
 values: strings quoted, sizes as ``"32 MiB"``, unset values commented out, each line
@@ -9,6 +10,7 @@ followed by its source (``default``, ``file PATH``, ``env GITSPOUT_NAME``, ``fla
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import fields
 from typing import Any
@@ -20,9 +22,48 @@ from .auth import load_access
 from .config import GROUPS, Config, ConfigError, format_size, group_of
 from .namespaces import NamespaceMap
 
-__all__ = ["describe", "check"]
+__all__ = ["add_config_arguments", "describe", "check"]
 
 _WIDTH = 42  # where the source comments start (two spaces after a longer line)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per setting, in argument groups by topic (:data:`GROUPS`); unset
+    flags stay ``None`` so env and file can fill them."""
+    groups = {name: parser.add_argument_group(name, about) for name, about in GROUPS.items()}
+    for f in fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        default = "none" if f.default in (None, "") else f.default
+        if f.metadata.get("size") and isinstance(f.default, int):
+            default = format_size(f.default)
+        elif isinstance(f.default, bool):
+            default = "on" if f.default else "off"
+        help_text = (f.metadata.get("help", "")
+                     + f" (default: {default}; env GITSPOUT_{f.name.upper()})")
+        target = groups[group_of(f)] if f.name != "config" else parser
+        if f.type == "bool":
+            target.add_argument(flag, dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            target.add_argument(flag, dest=f.name, default=None, help=help_text,
+                                metavar=_metavar(f))
+    for group in groups.values():  # no heading without flags (usually "other")
+        if not group._group_actions:
+            parser._action_groups.remove(group)
+
+
+def _metavar(f: Any) -> str:
+    if "metavar" in f.metadata:
+        return str(f.metadata["metavar"])
+    if f.metadata.get("size"):
+        return "SIZE"
+    if f.name == "config" or f.name.endswith("_file"):
+        return "FILE"
+    if f.name == "root" or f.name.endswith("_dir"):
+        return "DIR"
+    if f.name.endswith("port"):
+        return "PORT"
+    return {"int": "N", "float": "SECONDS"}.get(f.type, f.name.split("_")[-1].upper())
 
 
 def _toml_value(f: Any, value: Any) -> str:
