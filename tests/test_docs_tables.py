@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from gitspout.server.app.config import Config
+from gitspout.server.app.config import GROUPS, Config, group_of
 from gitutil import Git, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,12 +59,16 @@ def _default(f: dataclasses.Field[object]) -> str:
 
 
 def settings_table() -> str:
-    lines = ["| flag | env | default | meaning |", "| --- | --- | --- | --- |"]
-    for f in dataclasses.fields(Config):
+    """By topic, in the order of ``serve --help`` (config.py GROUPS)."""
+    lines = ["| topic | flag | env | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    order = list(GROUPS)
+    for f in sorted(dataclasses.fields(Config),
+                    key=lambda f: -1 if f.name == "config" else order.index(group_of(f))):
+        topic = "" if f.name == "config" else group_of(f)
         flag = "--" + f.name.replace("_", "-")
         env = "GITSPOUT_" + f.name.upper()
         doc = str(f.metadata.get("help", "")).replace("|", "/")
-        lines.append(f"| `{flag}` | `{env}` | `{_default(f)}` | {doc} |")
+        lines.append(f"| {topic} | `{flag}` | `{env}` | `{_default(f)}` | {doc} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 """Optional access control: HTTP Basic credentials checked against bcrypt hashes, and
-repository globs mapped to the users allowed to read them (README "Access control").
+repository globs mapped to the users allowed to read them (docs/operations.md "Access control").
 
 Without ``--auth-file`` every repository is served anonymously, as before. With it:
 

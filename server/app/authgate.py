@@ -1,4 +1,4 @@
-"""The gate in front of password checks (README "Access control").
+"""The gate in front of password checks (docs/operations.md "Access control").
 
 bcrypt costs a quarter of a second of CPU on purpose, so whoever may make the server check
 passwords may make it busy; a flood of wrong passwords must not delay valid users nor
@@ -19,7 +19,7 @@ anonymous requests (docs/performance.md, "Slow and hostile clients"). So:
   passwords cannot push them out.
 
 Behind a reverse proxy every client has the proxy's address: the per-address limit then
-acts as a second overall one (README).
+acts as a second overall one (docs/operations.md "Access control").
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The gitspout command: gitspout serve --root DIR [--host H] [--port P] [--config F]."""
+"""The gitspout command: ``gitspout serve --root DIR [--host H] [--port P] [--config F]``;
+``gitspout config`` (or ``serve --print-config``) prints the effective settings and where
+each came from, ``--check-config`` checks them without serving (configview.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ import uvloop
 from aiohttp import web
 
 from .auth import hash_password, load_access
-from .config import Config, ConfigError, add_config_arguments, load_config
+from .config import Config, ConfigError, load_settings
+from .configview import add_config_arguments, check, describe
 from .connections import ConnectionGuard, install_log_filter, listen
 from .drain import drain
 from .http import HANDLER_KWARGS, SERVER_KWARGS, make_app, metrics_response
-from .logtext import install_escaping
+from .logtext import STARTUP, install_logging
 from .memory import fix_mmap_threshold
 from .signals import Signals, ignore_hangup
 from .state import ServerState
@@ -35,6 +38,7 @@ class StartupError(Exception):
     """The server cannot start (a port in use, an unknown host...): one line, no traceback."""
 
 log = logging.getLogger("gitspout")
+startup = logging.getLogger(STARTUP)  # shown at every --log-level (logtext.py)
 # Descriptors needed beside --max-open-packs and --max-connections: packs pinned by reads in
 # progress (a few per pool thread), loose objects and ref files being read, pack-cache
 # files, the pool, logs, listeners.
@@ -93,10 +97,10 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
             metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
             runners.append(metrics_runner)
             listeners.append(metrics_listener)
-            print(f"gitspout: metrics at {_url(cfg.host, cfg.metrics_port)}metrics", flush=True)
+            startup.info("metrics at %smetrics", _url(cfg.host, cfg.metrics_port))
         elif not cfg.public_metrics:
             log.warning("--no-public-metrics without --metrics-port: /metrics is served nowhere")
-        print(f"gitspout: serving {state.resolver.root} at {_url(cfg.host, port)}", flush=True)
+        startup.info("serving %s at %s", state.resolver.root, _url(cfg.host, port))
         log.info("budgets: %s", state.budgets.describe())
         gc.freeze()
         serving = True
@@ -178,10 +182,28 @@ def _parser() -> argparse.ArgumentParser:
                                      "upload-pack server.")
     parser.add_argument("--version", action="version", version=f"gitspout {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_p = sub.add_parser("serve", help="serve git-upload-pack over smart HTTP")
-    add_config_arguments(serve_p)
+    serve_p = sub.add_parser(
+        "serve", help="serve git-upload-pack over smart HTTP",
+        usage="gitspout serve [--root DIR] [--host H] [--port P] [--config FILE] [options]",
+        description="Serve the repositories under --root over smart HTTP (read-only). Every "
+        "setting is a flag, an environment variable GITSPOUT_NAME and a key of the --config "
+        "file; a flag wins over the environment, the environment over the file. Sizes take "
+        "KiB, MiB, GiB (32MiB, \"32 MiB\"), or a number of bytes.")
+    config_p = sub.add_parser(
+        "config", help="print the effective settings and where each came from",
+        usage="gitspout config [--check-config] [settings as for serve]",
+        description="Print the settings serve would use with the same flags, environment "
+        "and --config file, as TOML, each with its source (default, file, env, flag).")
+    for p in (serve_p, config_p):
+        p.add_argument("--check-config", action="store_true",
+                       help="check the settings, the config file, the auth file and the "
+                       "namespaces' repositories, then exit (0: good) without serving")
+    serve_p.add_argument("--print-config", action="store_true",
+                         help="print the effective settings and their sources, then exit")
+    for p in (serve_p, config_p):
+        add_config_arguments(p)
     sub.add_parser("hash-password", help="read a password (or token) on stdin, print its "
-                   "bcrypt hash for the auth file (README \"Access control\")")
+                   "bcrypt hash for the auth file (docs/operations.md \"Access control\")")
     return parser
 
 
@@ -214,13 +236,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "hash-password":
         return _hash_password()
     try:
-        cfg = load_config(vars(args))
+        cfg, sources = load_settings(vars(args))
+        if args.command == "config" or args.print_config:
+            print(describe(cfg, sources), end="")
+        if args.check_config:
+            return _check(cfg)
+        if args.command == "config" or args.print_config:
+            return 0
         if cfg.auth_file:
             load_access(cfg.auth_file)  # a bad auth file stops the start, with its reason
     except ConfigError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 2
-    install_escaping(cfg.log_level)  # every text line escapes control characters
+    install_logging(cfg.log_level, cfg.log_format)  # both formats escape control characters
     raise_descriptor_limit()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
@@ -230,6 +258,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _check(cfg: Config) -> int:
+    """``--check-config``, once the settings themselves were good: 0, or 2 and each
+    problem on stderr."""
+    problems, summary = check(cfg)
+    for problem in problems:
+        print(f"gitspout: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    print(f"gitspout: configuration OK: {summary}")
     return 0
 
 

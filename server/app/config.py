@@ -4,7 +4,7 @@ key ``name`` in an optional TOML file. Precedence: flag, then env, then file, th
 
 from __future__ import annotations
 
-import argparse
+import ipaddress
 import math
 import os
 import tomllib
@@ -15,7 +15,22 @@ from typing import Any
 
 from .namespaces import NamespaceMap, namespaces_setting
 
-__all__ = ["Config", "ConfigError", "load_config", "add_config_arguments", "parse_size"]
+__all__ = ["Config", "ConfigError", "load_config", "load_settings", "parse_size",
+           "format_size", "GROUPS", "group_of", "proxy_networks"]
+
+# The topics of ``serve --help`` and of the README's settings table, in this order. A
+# setting names its own in its metadata ("group"); one without lands in "other".
+GROUPS = {
+    "listening": "where and how clients connect",
+    "repositories": "what is served",
+    "limits": "threads, memory, queues and rates",
+    "caches": "what is kept across requests",
+    "timeouts": "seconds (0 turns most of them off)",
+    "auth": "who may read what",
+    "metrics": "Prometheus /metrics",
+    "logging": "what the server writes",
+    "other": "settings without a topic yet",
+}
 
 
 class ConfigError(Exception):
@@ -26,68 +41,95 @@ class ConfigError(Exception):
 class Config:
     """Settings of one gitspout process."""
 
-    root: str = field(default=".", metadata={"help": "directory whose repositories are served"})
+    root: str = field(default=".", metadata={"help": "directory whose repositories are served",
+                                             "group": "repositories"})
     allow_symlinks_outside_root: bool = field(
         default=False,
         metadata={"help": "follow symlinks (to a repository, or inside one: objects, refs, "
-                          "packed-refs, alternates...) that lead outside the root"},
+                          "packed-refs, alternates...) that lead outside the root", "group": "repositories"},
     )
     require_export_ok: bool = field(
         default=False,
         metadata={"help": "serve only repositories holding a git-daemon-export-ok file, as "
-                          "git-http-backend does without GIT_HTTP_EXPORT_ALL (others: 404)"},
+                          "git-http-backend does without GIT_HTTP_EXPORT_ALL (others: 404)",
+                  "group": "repositories"},
     )
     namespaces: str = field(
         default="",
         metadata={"help": "URLs that serve a namespace of a repository (GIT_NAMESPACE): "
                           "URL=REPO#NAMESPACE entries joined by commas, or a [namespaces] "
-                          "table in the TOML file (README \"Namespaces\")"},
+                          "table in the TOML file (docs/operations.md \"Namespaces\")",
+                  "group": "repositories"},
     )
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
-    port: int = field(default=8080, metadata={"help": "TCP port to listen on"})
-    config: str | None = field(default=None, metadata={"help": "optional TOML config file"})
-    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
-    threads: int = field(default=8, metadata={"help": "size of the blocking-work thread pool"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "group": "listening"})
+    port: int = field(default=8080, metadata={"help": "TCP port to listen on", "group": "listening"})
+    config: str | None = field(
+        default=None,
+        metadata={"help": "optional TOML file of settings: the keys are the flags' names, at "
+                          "the top level or under [gitspout]"},
+    )
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error",
+                                                     "group": "logging", "metavar": "LEVEL"})
+    log_format: str = field(
+        default="text",
+        metadata={"help": "'text': one line per record with a UTC timestamp and a level; "
+                          "'json': one JSON object per line (startup, warnings and access "
+                          "lines alike); both on stdout (docs/operations.md \"Logs\")",
+                  "group": "logging", "metavar": "text|json"},
+    )
+    trusted_proxies: str = field(
+        default="",
+        metadata={"help": "comma-separated addresses or CIDR networks of reverse proxies "
+                          "whose X-Forwarded-For and X-Request-Id are believed (the client "
+                          "is the right-most address not in them); none: the peer is the "
+                          "client", "group": "listening"},
+    )
+    threads: int = field(default=8, metadata={"help": "size of the blocking-work thread pool",
+                                              "group": "limits"})
     threads_per_repo: int = field(
         default=1, metadata={"help": "pool threads one repository's work may use at once "
-                                     "(0: all of --threads)"}
+                                     "(0: all of --threads)", "group": "limits"}
     )
     max_body: int = field(
         default=32 << 20, metadata={"help": "cap on a request body as sent (bytes; KiB, MiB, "
-                                            "GiB accepted)", "size": True}
+                                            "GiB accepted)", "size": True, "group": "limits"}
     )
     max_inflated_body: int = field(
         default=64 << 20, metadata={"help": "cap on a request body after gunzip (bytes; KiB, "
-                                            "MiB, GiB accepted)", "size": True}
+                                            "MiB, GiB accepted)", "size": True, "group": "limits"}
     )
     keepalive: float = field(
-        default=5.0, metadata={"help": "seconds of silence before a side-band keepalive"}
+        default=5.0, metadata={"help": "seconds of silence before a side-band keepalive", "group": "timeouts"}
     )
     cross_request_cache: bool = field(
         default=True,
-        metadata={"help": "cache ref state across requests behind stat validation"},
+        metadata={"help": "cache ref state across requests behind stat validation", "group": "caches"},
     )
-    agent: str = field(default="gitspout/0.1.0", metadata={"help": "agent= capability value"})
+    agent: str = field(default="gitspout/0.1.0", metadata={"help": "agent= capability value",
+                                                           "group": "listening"})
     metrics_port: int = field(
-        default=0, metadata={"help": "serve /metrics on this port too (0: the serving port)"}
+        default=0, metadata={"help": "serve /metrics on this port too (0: the serving port)",
+                             "group": "metrics"}
     )
     public_metrics: bool = field(
         default=True,
         metadata={"help": "also serve /metrics on the serving port (--no-public-metrics "
-                          "with --metrics-port: only there)"},
+                          "with --metrics-port: only there)", "group": "metrics"},
     )
     auth_file: str | None = field(
         default=None,
         metadata={"help": "TOML file of users (bcrypt hashes) and the repository globs each "
-                          "may read (README \"Access control\"); unset: anonymous read"},
+                          "may read (docs/operations.md \"Access control\"); unset: anonymous read",
+                  "group": "auth"},
     )
     auth_threads: int = field(
         default=1,
         metadata={"help": "threads that check passwords (bcrypt), apart from the pool that "
-                          "serves repositories"},
+                          "serves repositories", "group": "auth"},
     )
     metrics_repos: str = field(
-        default="", metadata={"help": "comma-separated repositories that get a repo label"}
+        default="", metadata={"help": "comma-separated repositories that get a repo label",
+                              "group": "metrics"}
     )
     # Connection limits (server/connections.py). The phases in which the server waits for
     # the client to *send* are timed; a client slowly receiving a pack is governed by
@@ -96,91 +138,96 @@ class Config:
     header_timeout: float = field(
         default=20.0,
         metadata={"help": "seconds from a connection's opening, or from the first byte of a "
-                          "later request, until the request head is complete"},
+                          "later request, until the request head is complete", "group": "timeouts"},
     )
     body_timeout: float = field(
         default=30.0,
-        metadata={"help": "seconds a request body may go without a byte while it is read"},
+        metadata={"help": "seconds a request body may go without a byte while it is read",
+                  "group": "timeouts"},
     )
     body_min_rate: int = field(
         default=1024,
         metadata={"help": "bytes/s a request body must bring over its last body-timeout "
-                          "seconds, once it has been read that long"},
+                          "seconds, once it has been read that long", "group": "limits"},
     )
     send_timeout: float = field(
         default=60.0,
         metadata={"help": "seconds a response may wait with no byte taken by its client "
                           "before it is cut (its pack slot released); 0 turns this and "
-                          "send-min-rate off"},
+                          "send-min-rate off", "group": "timeouts"},
     )
     send_min_rate: int = field(
         default=1024,
         metadata={"help": "bytes/s a client must take, over the last send-timeout seconds "
-                          "in which data waited for it, once it has waited that long"},
+                          "in which data waited for it, once it has waited that long", "group": "limits"},
     )
     idle_timeout: float = field(
         default=75.0,
-        metadata={"help": "seconds a kept-alive connection may wait for its next request"},
+        metadata={"help": "seconds a kept-alive connection may wait for its next request",
+                  "group": "timeouts"},
     )
     max_connections: int = field(
         default=512,
         metadata={"help": "open connections at most; beyond it the longest-waiting idle one "
-                          "is closed, or the new one refused if none is idle"},
+                          "is closed, or the new one refused if none is idle", "group": "listening"},
     )
 
-    # Open files and memory (docs/ARCHITECTURE.md I1; README.md "Open files").
+    # Open files and memory (docs/ARCHITECTURE.md I1; docs/operations.md "Open files" under
+    # "Repositories on NFS").
     max_open_packs: int = field(
         default=256,
         metadata={"help": "descriptors and maps of pack, idx and commit-graph files kept "
                           "open across repositories (least recently used closed first; a "
-                          "file a request is reading is never closed under it)"},
+                          "file a request is reading is never closed under it)", "group": "limits"},
     )
     cache_memory: int = field(
         default=256 << 20,
         metadata={"help": "bytes held by all cross-request caches together (pack indexes, "
                           "reverse indexes, bitmaps, objects, object sets...); suffixes "
-                          "KiB, MiB, GiB (or K, M, G) accepted", "size": True},
+                          "KiB, MiB, GiB (or K, M, G) accepted", "size": True, "group": "caches"},
     )
     cold_walk_pack_entries: int = field(
         default=16384,
         metadata={"help": "a fetch of a few new commits walks from its wants to the client's "
                           "haves instead of using bitmaps while a pack of at least this many "
                           "objects has no reverse index loaded yet (the sort and the haves' "
-                          "bitmaps would cost more than the walk); 0 turns this off"},
+                          "bitmaps would cost more than the walk); 0 turns this off", "group": "caches"},
     )
     sweep_interval: float = field(
         default=10.0,
         metadata={"help": "seconds between checks that the open packs are still on disk "
                           "(packs replaced in a repository nobody asks for are closed at the "
-                          "next check); 0 turns it off"},
+                          "next check); 0 turns it off", "group": "caches"},
     )
     # The pack cache (server/app/packcache.py; docs/ARCHITECTURE.md "Pack cache").
     pack_cache_size: int = field(
         default=1 << 30,
         metadata={"help": "bytes of pack files the pack cache keeps on disk (least recently "
-                          "used removed first); 0 turns the cache off", "size": True},
+                          "used removed first); 0 turns the cache off", "size": True, "group": "caches"},
     )
     pack_cache_dir: str = field(
         default="",
         metadata={"help": "local directory (or emptyDir) for pack cache files, never the "
                           "served root; the server makes and removes its own subdirectory "
-                          "in it (none: the system temporary directory)"},
+                          "in it (none: the system temporary directory)", "group": "caches"},
     )
     pack_cache_ttl: float = field(
         default=600.0,
-        metadata={"help": "seconds a complete pack cache entry is served; 0: until evicted"},
+        metadata={"help": "seconds a complete pack cache entry is served; 0: until evicted",
+                  "group": "caches"},
     )
     pack_cache_on: str = field(
         default="first",
         metadata={"help": "cache a pack on its 'first' request, or only on the 'second' "
-                          "identical one (one-off fetches then never touch the disk)"},
+                          "identical one (one-off fetches then never touch the disk)",
+                  "group": "caches", "metavar": "first|second"},
     )
 
     output_buffer: int = field(
         default=256 << 10,
         metadata={"help": "bytes queued for one connection's socket before the pack "
                           "producer waits for the client (per-connection output cap); "
-                          "suffixes KiB, MiB accepted", "size": True},
+                          "suffixes KiB, MiB accepted", "size": True, "group": "limits"},
     )
     body_memory: int = field(
         default=256 << 20,
@@ -188,13 +235,13 @@ class Config:
                           "once over all requests, beyond the first 64 KiB of each (ref "
                           "listings and small fetches pass); a request past it gets 503 with "
                           "Retry-After; 0 turns the cap off; suffixes KiB, MiB, GiB "
-                          "accepted", "size": True},
+                          "accepted", "size": True, "group": "limits"},
     )
     inflate_memory: int = field(
         default=128 << 20,
         metadata={"help": "bytes of large objects held whole at once over all requests "
                           "(a delta resolved to be sent whole); requests needing more wait; "
-                          "suffixes KiB, MiB, GiB accepted", "size": True},
+                          "suffixes KiB, MiB, GiB accepted", "size": True, "group": "limits"},
     )
 
     # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
@@ -203,39 +250,40 @@ class Config:
         metadata={"help": "seconds that requests in flight at SIGTERM may take to finish, "
                           "and what they wrote to leave the kernel's send buffers (new "
                           "connections are refused at once); then they are cut and the "
-                          "process exits 0"},
+                          "process exits 0", "group": "timeouts"},
     )
     ready_check_interval: float = field(
         default=2.0,
-        metadata={"help": "seconds a /readyz check of the repository root is reused"},
+        metadata={"help": "seconds a /readyz check of the repository root is reused", "group": "timeouts"},
     )
     ready_check_timeout: float = field(
         default=1.0,
         metadata={"help": "seconds a /readyz check of the repository root may take before "
-                          "/readyz answers 503 (a hung mount)"},
+                          "/readyz answers 503 (a hung mount)", "group": "timeouts"},
     )
 
     # Admission control (server/app/admission.py; docs/ARCHITECTURE.md "Admission control").
     max_packs: int = field(
         default=32,
         metadata={"help": "packs generated at once over all repositories; more wait in the "
-                          "queue (0: no limit)"},
+                          "queue (0: no limit)", "group": "limits"},
     )
     max_packs_per_repo: int = field(
-        default=16, metadata={"help": "packs generated at once for one repository (0: no limit)"},
+        default=16, metadata={"help": "packs generated at once for one repository (0: no limit)",
+                              "group": "limits"},
     )
     pack_queue: int = field(
         default=256,
         metadata={"help": "pack requests that may wait for a slot; one more is answered 503 "
-                          "(0: none waits)"},
+                          "(0: none waits)", "group": "limits"},
     )
     pack_queue_wait: float = field(
         default=60.0,
         metadata={"help": "seconds a pack request may wait for a slot before it is "
-                          "answered 503"},
+                          "answered 503", "group": "timeouts"},
     )
     retry_after: int = field(
-        default=10, metadata={"help": "Retry-After seconds of a 503 for load"},
+        default=10, metadata={"help": "Retry-After seconds of a 503 for load", "group": "limits"},
     )
 
     def root_path(self) -> Path:
@@ -263,6 +311,32 @@ def parse_size(value: Any) -> int:
     return int(float(num) * _SIZE_UNITS[unit])
 
 
+def format_size(value: int) -> str:
+    """``33554432`` as ``32 MiB``: the largest unit that divides it, else bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if value and value % (1 << shift) == 0:
+            return f"{value >> shift} {unit}"
+    return f"{value} bytes" if value != 1 else "1 byte"
+
+
+def group_of(f: Any) -> str:
+    """The topic of setting ``f`` (a dataclass field of :class:`Config`)."""
+    group = f.metadata.get("group", "other")
+    return group if group in GROUPS else "other"
+
+
+def proxy_networks(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``--trusted-proxies``: addresses or CIDR networks joined by commas; ValueError names
+    a bad entry."""
+    out = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        try:
+            out.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(f"bad address or network {entry!r}") from None
+    return tuple(out)
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     kind = _FIELDS[name].type
     try:
@@ -287,26 +361,19 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             text = namespaces_setting(value)
             NamespaceMap.parse(text)
             return text
+        if name == "trusted_proxies":
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value = ",".join(value)  # TOML: a list of strings, or one string
+            if not isinstance(value, str):
+                raise ValueError(value)
+            proxy_networks(value)
+            return value
         if value is not None and not isinstance(value, str):
             raise ValueError(value)  # TOML `host = 5`, `metrics_repos = ["a"]`
         return value
     except (ValueError, TypeError, OverflowError) as exc:
-        why = f": {exc}" if name == "namespaces" else ""
+        why = f": {exc}" if name in ("namespaces", "trusted_proxies") else ""
         raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}{why}") from None
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one ``--flag`` per setting; unset flags stay ``None`` so env and file can fill them."""
-    for f in fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        default = "none" if f.default in (None, "") else f.default
-        help_text = (f.metadata.get("help", "")
-                     + f" (default: {default}; env GITSPOUT_{f.name.upper()})")
-        if f.type == "bool":
-            parser.add_argument(flag, dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -337,6 +404,14 @@ def load_config(
     cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
     """Merge flags, environment and TOML file into a :class:`Config`."""
+    return load_settings(cli, env)[0]
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Config, dict[str, str]]:
+    """:func:`load_config`, with where each setting came from: ``default``, ``file PATH``,
+    ``env GITSPOUT_NAME`` or ``flag --name``."""
     cli = {k: v for k, v in (cli or {}).items() if v is not None and k in _FIELDS}
     env = os.environ if env is None else env
     from_env = {
@@ -355,7 +430,11 @@ def load_config(
     values = {name: _coerce(name, value, source) for name, (value, source) in merged.items()}
     cfg = Config(**values)
     _validate(cfg)
-    return cfg
+    sources = {name: "default" for name in _FIELDS}
+    for name, (_value, source) in merged.items():
+        sources[name] = (f"file {config_path}" if source.startswith("config file") else
+                         f"env {source}" if source.startswith("GITSPOUT_") else f"flag {source}")
+    return cfg, sources
 
 
 def _validate(cfg: Config) -> None:
@@ -410,6 +489,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("max_connections must be 0 or more (0 turns the cap off)")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"unknown log level {cfg.log_level!r}")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(f"log_format must be 'text' or 'json', not {cfg.log_format!r}")
     _validate_pack_cache(cfg)
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")

@@ -1,6 +1,7 @@
-"""The drain (docs/ARCHITECTURE.md "Drain and health"; README "Signals"): on SIGTERM the
-server stops taking connections, lets the requests in flight finish, and exits only once
-what it wrote has left the kernel's send buffers, or its clients are gone.
+"""The drain (docs/ARCHITECTURE.md "Drain and health"; docs/operations.md "Overload, memory,
+drain and health"): on SIGTERM the server stops taking connections, lets the requests in
+flight finish, and exits only once what it wrote has left the kernel's send buffers, or its
+clients are gone.
 
 A request that finished has written its last bytes into a socket, not to its client: a
 slow reader's connection may still hold megabytes in the kernel (``SIOCOUTQ``: bytes not

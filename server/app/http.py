@@ -18,6 +18,7 @@ from ..store.repos import RepoNotFound
 from .auth import AuthDenied, repo_name
 from .connections import GuardedHandler
 from .errors import REFUSED_IN_BAND, Answer, answer_for
+from .forwarded import REQUEST_ID_HEADER, Forwarding
 from .health import PROBE_PATHS
 from .httpreq import (
     ADVERTISEMENT,
@@ -57,12 +58,29 @@ HANDLER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "access_log": None}
 SERVER_KWARGS: dict[str, Any] = {**RUNNER_KWARGS, "handler_cancellation": True}
 
 STATE_KEY = web.AppKey("state", ServerState)
+# The request's id, in its aiohttp request dict (typed keys since aiohttp 3.12; a string,
+# which newer versions warn about, before).
+REQUEST_ID: Any = (web.RequestKey("request_id", str) if hasattr(web, "RequestKey")
+                   else "gitspout.request_id")
+
+
+def request_id(forwarding: Forwarding, request: web.BaseRequest) -> str:
+    """The request's id (forwarded.py), decided once and kept on the request."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = forwarding.request_id(
+            request.remote, request.headers.get(REQUEST_ID_HEADER))
+    return str(rid)
 
 
 def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     """The aiohttp application: one catch-all route, dispatched by path suffix."""
     app = web.Application(client_max_size=state.cfg.max_body)
     app[STATE_KEY] = state
+    forwarding = state.forwarding
+
+    async def tag(request: web.BaseRequest, response: web.StreamResponse) -> None:
+        response.headers[REQUEST_ID_HEADER] = request_id(forwarding, request)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         handler = request.protocol
@@ -80,7 +98,7 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             return metrics_response(state)
         if request.path in PROBE_PATHS and state.health is not None:
             return await state.health.respond(request)  # not a git request: not counted
-        return await _git_request(state, request)
+        return await _git_request(state, request, forwarding)
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (git sends it before large bodies): a body declared
@@ -100,6 +118,7 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
         return None
 
     app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=expect)
+    app.on_response_prepare.append(tag)  # every answer says its request id
     app.on_startup.append(lambda _app: state.start())
     app.on_shutdown.append(lambda _app: state.stop())
     # The pool goes last, once aiohttp has let the handlers finish (or cut them at
@@ -113,9 +132,13 @@ def metrics_response(state: ServerState) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
-async def _git_request(state: ServerState, request: web.Request) -> web.StreamResponse:
+async def _git_request(state: ServerState, request: web.Request,
+                       forwarding: Forwarding) -> web.StreamResponse:
     """One git request, counted and recorded from start to end."""
-    scope = state.scope(RequestRecord(agent=request.headers.get("User-Agent", "")[:100]))
+    scope = state.scope(RequestRecord(
+        agent=request.headers.get("User-Agent", "")[:100], id=request_id(forwarding, request),
+        client=forwarding.client(request.remote, request.headers.getall("X-Forwarded-For", ())),
+        method=request.method, path=request.path[:1024]))
     cap_output(request.transport, state.budgets.output_buffer)
     state.metrics.in_flight.inc()
     state.in_flight += 1
@@ -153,10 +176,10 @@ async def _dispatch(state: ServerState, request: web.Request,
             scope.record.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
         if action == "info/refs" and request.method in ("GET", "HEAD"):
-            await _authorize(state, request, repo_path)
+            await _authorize(state, request, scope, repo_path)
             return await _info_refs(state, request, scope, repo_path, namespace)
         if action == UPLOAD_PACK and request.method == "POST":
-            await _authorize(state, request, repo_path)
+            await _authorize(state, request, scope, repo_path)
             return await _upload_pack(state, request, scope, repo_path, namespace)
         if action:
             resp = text_response(405, f"method {request.method} not allowed here")
@@ -242,7 +265,8 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
             charge.release()
 
 
-async def _authorize(state: ServerState, request: web.Request, repo_path: str) -> None:
+async def _authorize(state: ServerState, request: web.Request, scope: RequestScope,
+                     repo_path: str) -> None:
     """With --auth-file, before anything is read: the credentials (checked lately: no
     bcrypt; else in the gate's own threads, authgate.py), then the rule of the
     repository's real path (auth.py). Raises AuthDenied."""
@@ -251,6 +275,7 @@ async def _authorize(state: ServerState, request: web.Request, repo_path: str) -
         return
     header = request.headers.get("Authorization")
     user = await gate.user_for(header, request.remote) if header else None
+    scope.record.user = user
     try:
         repo = await state.resolve(repo_path)
     except RepoNotFound:

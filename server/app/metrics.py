@@ -8,7 +8,6 @@ in ``gitspout_repo_requests_total`` and only when listed in ``--metrics-repos``.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -31,6 +30,7 @@ from ..packgen import PackStats
 from ..store.faults import KINDS
 from ..store.lru import MemoryBudget
 from ..store.registry import PackRegistry
+from .logtext import FIELDS
 from .pool import WorkPool
 
 __all__ = ["Metrics", "RequestRecord", "ConnectionStats", "CONTENT_TYPE", "TIMEOUT_KINDS"]
@@ -51,6 +51,10 @@ class RequestRecord:
 
     service: str = "none"
     protocol: str = "0"
+    client: str = ""  # the client's address (--trusted-proxies: from X-Forwarded-For)
+    method: str = ""
+    path: str = ""
+    user: str | None = None  # who --auth-file's check proved (None: anonymous)
     command: str = "none"
     repo: str = ""
     agent: str = ""
@@ -60,7 +64,8 @@ class RequestRecord:
     objects: int = 0
     haves: int = 0
     negotiation_round: bool = False
-    pack_source: str = ""
+    pack_source: str = ""  # what made the pack (walk, bitmap, verbatim, reuse, cache-hit...)
+    pack_cache: str = ""  # the pack cache's lookup: hit, joined, miss, bypass (empty: none)
     pack_stats: PackStats | None = None
     phases: dict[str, float] = field(default_factory=dict)
     fs: dict[str, int] = field(default_factory=dict)
@@ -357,24 +362,29 @@ class Metrics:
 
 
 def _log_request(rec: RequestRecord, duration: float) -> None:
+    """The access line (server/app/logtext.py writes it as text or JSON)."""
     if not access_log.isEnabledFor(logging.INFO):
         return
-    line = {
-        "ts": round(time.time(), 3),
+    fields = {
         "request_id": rec.id,
+        "client": rec.client,
+        "user": rec.user,
+        "method": rec.method,
+        "path": rec.path,
+        "status": rec.status,
+        "bytes": rec.bytes,
+        "duration_ms": round(duration * 1000, 3),
         "repo": rec.repo,
         "service": rec.service,
         "protocol": rec.protocol,
         "command": rec.command,
-        "status": rec.status,
-        "bytes": rec.bytes,
-        "writes": rec.writes,
+        "pack_source": rec.pack_source,
+        "pack_cache": rec.pack_cache,
         "objects": rec.objects,
         "haves": rec.haves,
-        "pack_source": rec.pack_source,
-        "duration_ms": round(duration * 1000, 3),
+        "writes": rec.writes,
         "phases_ms": {k: round(v * 1000, 3) for k, v in rec.phases.items()},
         "fs_ops": rec.fs,
         "agent": rec.agent[:100],
     }
-    access_log.info(json.dumps(line, separators=(",", ":")))
+    access_log.info("", extra={FIELDS: fields})

@@ -71,10 +71,12 @@ WHOLE = -1  # what _read returns for an entry naming a pack to send whole
 @dataclass
 class SentPack:
     """What sending one pack measured: its totals (``kind`` ``cache-hit``/``cache-joined``
-    for bytes read from the cache), and the seconds its production took by phase."""
+    for bytes read from the cache), the seconds its production took by phase, and what the
+    cache's lookup said (``hit``, ``joined``, ``miss``, ``bypass``; empty: no cache)."""
 
     stats: PackStats
     phases: dict[str, float] = field(default_factory=dict)
+    cache: str = ""
 
 
 async def _pump(writer: PktWriter, executor: HeldExecutor, stream: Iterator[Any],
@@ -104,7 +106,9 @@ class PackCache:
         store = self.store
         entry, result = store.lookup(key, repo)
         if entry is None:
-            return await _pump(writer, executor, stream, keepalive, no_progress, stream)
+            sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
+            sent.cache = result
+            return sent
         try:
             fd = store.open_reader(entry)
         except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
@@ -113,11 +117,23 @@ class PackCache:
                 store.discard(entry)
             store.stats.lookups[result] -= 1  # nothing came from the cache after all
             store.stats.lookups["bypass"] += 1
-            return await _pump(writer, executor, stream, keepalive, no_progress, stream)
+            sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
+            sent.cache = "bypass"
+            return sent
         if result == "miss":
             task = loop.create_task(self._produce(entry, stream, executor))
             self.producers.add(task)
             task.add_done_callback(self.producers.discard)
+        sent = await self._read_entry(entry, result, fd, writer, executor, stream, keepalive,
+                                      no_progress)
+        sent.cache = result
+        return sent
+
+    async def _read_entry(self, entry: CacheEntry, result: str, fd: int, writer: PktWriter,
+                          executor: HeldExecutor, stream: PackStream, keepalive: float,
+                          no_progress: bool) -> SentPack:
+        """Send ``entry`` (``result`` of its lookup: being produced, or complete) from its
+        file ``fd``."""
         sent = await self._read(entry, fd, writer, keepalive, no_progress)
         if sent == WHOLE:
             # The entry names a pack sent whole: send it from this request's own lease of

@@ -1,4 +1,4 @@
-"""Responses that stop moving are cut (docs/ARCHITECTURE.md "Drain and health"; README
+"""Responses that stop moving are cut (docs/ARCHITECTURE.md "Drain and health"; docs/operations.md
 "Slow clients and the connection cap").
 
 A client that asks for a pack and never reads would hold its pack slot, its producer and

@@ -1,4 +1,5 @@
-"""What each signal does (README "Signals"; docs/ARCHITECTURE.md "Drain and health").
+"""What each signal does (docs/operations.md "Overload, memory, drain and health", its
+signals table; docs/ARCHITECTURE.md "Drain and health").
 
 - SIGTERM, and a first SIGINT: the drain (drain.py): readiness fails, new connections are
   refused, requests in flight finish and what they wrote is delivered, within

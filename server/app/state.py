@@ -20,7 +20,8 @@ from .admission import Admission
 from .auth import Access, load_access
 from .authgate import GateCollector, PasswordGate
 from .budgets import Budgets
-from .config import Config
+from .config import Config, proxy_networks
+from .forwarded import Forwarding
 from .health import Health, RootCheck
 from .memory import HeapTrimmer
 from .metrics import Metrics, RequestRecord
@@ -60,6 +61,7 @@ class ServerState:
     in_flight: int = 0  # git requests being served (the gauge, readable)
     admission: Admission | None = None  # slots for pack generation (admission.py)
     namespaces: NamespaceMap = field(default_factory=NamespaceMap)  # --namespaces
+    forwarding: Forwarding = field(default_factory=lambda: Forwarding(()))  # --trusted-proxies
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
 
     @classmethod
@@ -82,6 +84,7 @@ class ServerState:
             Metrics(repos, pool, memory, registry),
         )
         state.namespaces = NamespaceMap.parse(cfg.namespaces)
+        state.forwarding = Forwarding(proxy_networks(cfg.trusted_proxies))
         if cfg.auth_file:
             state.access = load_access(cfg.auth_file, memory)
             state.gate = PasswordGate(state.access, budgets.auth_threads)

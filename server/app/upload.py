@@ -172,6 +172,7 @@ def _record_pack(scope: RequestScope, sent: SentPack) -> None:
     rec.pack_stats = sent.stats
     rec.objects = sent.stats.objects
     rec.pack_source = sent.stats.kind
+    rec.pack_cache = sent.cache
     for phase, seconds in sent.phases.items():
         scope.phase(phase, seconds)
 

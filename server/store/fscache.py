@@ -12,7 +12,7 @@ seconds) it stays ``RACY_NS``. The filesystem is told by the device number of th
 looked up once in ``/proc/self/mountinfo``.
 
 Freshness is exactly that of ``stat()``. On NFS, attribute caching (``actimeo``,
-``acdirmin``/``acdirmax``) may return an older mtime for a while; see README "NFS".
+``acdirmin``/``acdirmax``) may return an older mtime for a while; see README "Repositories on NFS".
 
 Listings also record which entries are symlinks (from ``d_type``, no extra syscall), so that
 the :class:`~server.confine.LinkGuard` is asked about those entries only.

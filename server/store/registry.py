@@ -2,7 +2,8 @@
 of immutable facts (resolved objects, peeled tags, object sets, loose fan-out listings,
 alternates, packs' derived data).
 
-Open files are leased (docs/ARCHITECTURE.md I1; README.md "Open files"). Each request's
+Open files are leased (docs/ARCHITECTURE.md I1; docs/operations.md "Repositories on NFS",
+its "Open files" paragraph). Each request's
 :class:`~.odb.ObjectSnapshot` takes a lease on every pack (and the commit-graph) it froze
 and gives them back when the request ends. Descriptors are a budget of their own
 (``max_open``, ``--max-open-packs``), whatever the number of packs a request froze: a

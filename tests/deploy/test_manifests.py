@@ -32,7 +32,7 @@ COMPOSE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests are meant for
 # Peak RSS of `gitspout serve` measured under eight concurrent clones of a 53k-object
-# repository; it includes the 24 MiB its caches held then (README.md "Sizing memory").
+# repository; it includes the 24 MiB its caches held then (docs/deployment.md "Sizing memory").
 MEASURED_PEAK_RSS = 123 << 20
 CONFIG_FIELDS = {f.name for f in fields(Config)}
 # Settings that other branches add (drain: #13; pack cache: #12); remove each from here once

@@ -1,5 +1,5 @@
 """A coverage-guided fuzz target (atheris) for the request-handling path, run by hand and
-never by pytest (its name does not start with ``test_``; README "Fuzzing").
+never by pytest (its name does not start with ``test_``; docs/development.md "Tests").
 
 Each input is one POST body, handled in-process the way ``server/app/http.py`` handles it
 (the same functions, without aiohttp and the thread pool) against small fixture

@@ -54,7 +54,7 @@ class OrderServer:
 def order_server(order_root: Path) -> Iterator[OrderServer]:
     # --cold-walk-pack-entries 16: the first fetch with haves on each (small) repository
     # takes the cold walk, as a first fetch from a large pack does in production.
-    srv = start_server(order_root, ["--cold-walk-pack-entries", "16"])
+    srv = start_server(order_root, ["--cold-walk-pack-entries", "16", "--log-format", "json"])
     yield OrderServer(srv)
     srv.stop()
 

@@ -1,4 +1,4 @@
-"""Replaced packs are released (store/registry.py; docs/ARCHITECTURE.md I1; README.md "Open files").
+"""Replaced packs are released (store/registry.py; docs/ARCHITECTURE.md I1; docs/operations.md "Open files").
 
 A pack that its directory no longer lists (``git repack -ad``, ``git gc --prune=now``) is
 closed once the last request that froze it ends, so that no ``(deleted)`` file stays open

@@ -67,11 +67,14 @@ class CapturedServer:
         return self.stdout + self.stderr
 
     def access_log(self) -> list[dict[str, object]]:
-        """The JSON access-log lines, in the order they were written, from both streams."""
+        """The access-log lines (the server runs with --log-format json), in the order they
+        were written, from both streams."""
         out = []
         for line in list(self.stdout) + list(self.stderr):
             if line.startswith("{"):
-                out.append(json.loads(line))
+                record = json.loads(line)
+                if record["logger"] == "gitspout.access":
+                    out.append(record)
         return out
 
     def stop(self) -> None:
@@ -81,7 +84,7 @@ class CapturedServer:
 def start_captured(root: Path, extra_args: Sequence[str] = (),
                    timeout: float = 20.0) -> CapturedServer:
     cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", str(root),
-           "--host", "127.0.0.1", "--port", "0", *extra_args]
+           "--host", "127.0.0.1", "--port", "0", "--log-format", "json", *extra_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

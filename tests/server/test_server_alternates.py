@@ -86,7 +86,7 @@ def _fetch_fs_ops(lines: list[str]) -> dict[str, int]:
 
 def test_clone_through_duplicate_alternates_equals_file_and_costs_one(
         alt_root: Path, git: Git, tmp_path: Path) -> None:
-    srv = start_server(alt_root)
+    srv = start_server(alt_root, ["--log-format", "json"])  # the access log's fs_ops
     try:
         ops = {}
         for name in ("one.git", "dups.git"):

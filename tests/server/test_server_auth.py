@@ -1,4 +1,4 @@
-"""Access control (server/app/auth.py, README "Access control"), with the real git client
+"""Access control (server/app/auth.py, docs/operations.md "Access control"), with the real git client
 and a credential helper: 401 + WWW-Authenticate makes git ask its helper, 403 refuses a
 user not allowed, a wrong password fails; rules follow the repository's real path (no
 URL spelling or link inside the root escapes them); no secret in logs or metrics;

@@ -39,7 +39,7 @@ def _cold(git: Git, root: Path, args: list[str], what: str, last: str,
           cwd: Path | None = None) -> None:
     """Run ``args`` against a fresh server; print the server's CPU time once the access log
     has the operation's ``last`` command (the server has accounted for all of it)."""
-    server = start_server(root)
+    server = start_server(root, ["--log-format", "json"])
     try:
         pid = server.proc.pid
         before = _cpu_s(pid)
@@ -134,7 +134,7 @@ def _fetch_cold(git: Git, served: Path, client: Path, protocol: str,
     the client's stderr and the server's fetch log records."""
     import json
 
-    server = start_server(served.parent, args)
+    server = start_server(served.parent, [*args, "--log-format", "json"])
     try:
         proc = subprocess.run(
             ["git", "-c", f"protocol.version={protocol}", "--git-dir", str(client), "fetch",

@@ -1,4 +1,4 @@
-"""Descriptors within a budget (issue 24, item 1; store/registry.py, README "Open files").
+"""Descriptors within a budget (issue 24, item 1; store/registry.py, docs/operations.md "Open files").
 
 A request needs a bounded number of descriptors whatever the number of packs it froze:
 packs are opened on demand within --max-open-packs and closed between reads. Under the

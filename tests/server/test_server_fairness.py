@@ -79,7 +79,7 @@ def test_burst_on_one_repository_does_not_hold_back_another(fair_root: Path) -> 
     tips = _tips(fair_root / "long-plain.git", *(f"main~{k}" for k in range(BURST + 1)))
     big, other = tips[:BURST], tips[BURST]
     srv = start_server(fair_root, extra_args=[
-        "--threads", "1", "--pack-cache-size", "0", "--max-packs", "64",
+        "--log-format", "json", "--threads", "1", "--pack-cache-size", "0", "--max-packs", "64",
         "--max-packs-per-repo", "64", "--pack-queue", "64"])
     try:
         _fetch(srv.port, "other.git", other)  # warm: the other repository resolved

@@ -1,4 +1,4 @@
-"""Signals (issue 24, item 7; server/app/signals.py, README "Signals").
+"""Signals (issue 24, item 7; server/app/signals.py, docs/operations.md signals table).
 
 SIGHUP (logrotate's signal) killed the server with no drain: a clone in flight was cut and
 the pack-cache directory left behind. Now it never stops the server and reloads the auth

@@ -111,7 +111,8 @@ def test_truncated_pack_before_the_response_is_a_500(git: Git, served: LiveServe
     err = _clone(git, served, DAMAGED, tmp_path / "c", version)
     assert err and "not our ref" not in err
     assert "HTTP 500" in err, err  # git shows the status of a failed POST, not its body
-    served.wait_for_line('"command":"fetch","status":500')
+    logged = served.wait_for_line(" status=500 ")  # the access line (text format)
+    assert " command=fetch " in logged, logged
     _assert_still_serving(git, served, tmp_path / "good")
 
 

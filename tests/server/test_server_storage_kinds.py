@@ -1,5 +1,5 @@
 """Damaged files of every kind, met by the real git client (docs/ARCHITECTURE.md "Errors",
-README "A damaged repository").
+docs/operations.md "Serving repositories").
 
 - A damaged ``.idx`` (truncated, or its checksum wrong) or ``packed-refs`` (garbage, one
   bad line, a bad object id, a truncated last line) is a server fault: 500, a message that
@@ -95,7 +95,7 @@ def test_truncated_idx_is_a_500(git: Git, served: LiveServer, tmp_path: Path) ->
     _rewrite(idx, lambda d: d.__delitem__(slice(len(d) // 2, None)))
     _assert_server_fault(git, served, tmp_path, "idx", f"{idx.name}: truncated index")
     # the pack skipped is reported once, with its path, whatever the number of requests
-    skipped = [x for x in served.lines if x.startswith("unusable idx")]
+    skipped = [x for x in served.lines if "gitspout: unusable idx" in x]
     assert len(skipped) == 1 and str(idx.with_suffix("")) in skipped[0], skipped
     body = v2_command("fetch", args=(f"want {'1' * 40}", "done"))
     resp = post_upload_pack(served.port, body, repo=REPO, version=2)
@@ -162,7 +162,7 @@ def test_damaged_auxiliary_file_falls_back(git: Git, served: LiveServer, tmp_pat
         assert _clone(git, served, REPO, dest, version) == ""
         fsck(git, dest)
         assert repo_state(git, dest) == want
-    assert len([x for x in served.lines if x.startswith(f"unusable {kind}")]) == 1
+    assert len([x for x in served.lines if f"gitspout: unusable {kind}" in x]) == 1
     served.wait_for_line(logged)
     assert not any("storage fault" in x for x in served.lines)
     faults = _faults(served)
@@ -189,6 +189,6 @@ def test_damaged_rev_file_falls_back(git: Git, served: LiveServer, tmp_path: Pat
         assert _clone(git, served, "rev.git", dest) == ""
         fsck(git, dest)
         assert repo_state(git, dest) == want
-    assert len([x for x in served.lines if x.startswith("unusable rev")]) == 1
+    assert len([x for x in served.lines if "gitspout: unusable rev" in x]) == 1
     served.wait_for_line(f"unusable rev {rev}")
     assert _faults(served)[("rev", "fallback")] == 1
