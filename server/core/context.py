@@ -212,6 +212,13 @@ class RequestContext:
         return self._refs
 
     @property
+    def all_refs(self) -> RefSnapshot:
+        """Every ref of the repository, a namespace's view or not (:attr:`refs` in a
+        namespace holds only that namespace's visible refs). For questions about what any
+        ref holds, such as whether a tag object is an orphan."""
+        return self._snapshot(()) if self.namespace else self.refs
+
+    @property
     def hide_refs(self) -> tuple[bytes, ...]:
         """The hideRefs to apply to :attr:`refs`: none in a namespace, whose view holds
         only visible refs already (a ``^`` pattern needs the full name)."""

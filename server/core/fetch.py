@@ -211,11 +211,14 @@ def _orphan_tags(ctx: RequestContext, wants: Sequence[bytes],
 
 def _held_objects(ctx: RequestContext, tips: frozenset[bytes]) -> set[bytes] | None:
     """Every ref's value (HEAD's too) and every tag a hidden ref's chain passes; None when
-    a hidden chain is cut at the peel limit (nothing can be said of what lies beyond)."""
-    snap = ctx.refs
+    a hidden chain is cut at the peel limit (nothing can be said of what lies beyond).
+    In a namespace, the refs of the whole repository: one outside the namespace is hidden
+    from its URL like any other."""
+    snap = ctx.all_refs
     held = {bytes.fromhex(h.decode()) for h in snap.visible_oids(())}
-    if snap.head.oid is not None:
-        held.add(bytes.fromhex(snap.head.oid.decode()))
+    for head in (snap.head, ctx.refs.head):
+        if head.oid is not None:
+            held.add(bytes.fromhex(head.oid.decode()))
     for oid in held - tips:  # hidden refs
         if ctx.src.object_type(oid) == OBJ_TAG:
             chain = ctx.src.peel(oid)[2]

@@ -41,6 +41,8 @@ def ns_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
     git.run("update-ref", "-d", "refs/tags/v1", cwd=repo)
     git.run("symbolic-ref", f"{ns}HEAD", f"{ns}refs/heads/main", cwd=repo)
     git.run("config", "uploadpack.hideRefs", "refs/heads/hidden", cwd=repo)
+    # A tag outside the namespace, of a commit the namespace shows.
+    git.run("tag", "-a", "-m", "secret tag message", "secret", f"{ns}refs/heads/main", cwd=repo)
     # A nested namespace a/b under a prefix URL.
     git.run("clone", "-q", "--bare", str(work), str(root / "other.git"))
     git.run("update-ref", "refs/namespaces/a/refs/namespaces/b/refs/heads/main", "main~3",
@@ -121,6 +123,27 @@ def test_objects_outside_the_namespace_are_refused(git: Git, ns_server: LiveServ
             pack_bytes(resp.body)
         if version == 0:  # C git's v0 refuses it too (its v2 checks nothing)
             assert b"not our ref" in _c_git(git, repo, "ns", body, 0)
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_a_tag_outside_the_namespace_is_refused(git: Git, ns_server: LiveServer,
+                                                ns_root: Path, version: int) -> None:
+    """A tag object that only a ref outside the namespace holds is not an orphan tag (one
+    no ref holds any more, served when its commit is visible): the namespace's URL
+    refuses it, although the commit it points to is the namespace's own."""
+    repo = ns_root / "repo.git"
+    inside = git.out("rev-parse", "refs/namespaces/ns/refs/heads/main", cwd=repo).strip()
+    tag = git.out("rev-parse", "refs/tags/secret", cwd=repo).strip()
+    assert git.out("rev-parse", "refs/tags/secret^{commit}", cwd=repo).strip() == inside
+    if version == 2:
+        body = (pkt_lines("command=fetch", "object-format=sha1") + DELIM
+                + pkt_lines(f"want {inside}", f"want {tag}", "done") + FLUSH)
+    else:
+        body = pkt_lines(f"want {inside} side-band-64k", f"want {tag}") + FLUSH + \
+            pkt_lines("done")
+    resp = post_upload_pack(ns_server.port, body, repo="ns-repo.git", version=version)
+    with pytest.raises(InBandError, match="not our ref"):
+        pack_bytes(resp.body)
 
 
 def test_the_setting_in_each_form(tmp_path: Path) -> None:
