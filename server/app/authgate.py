@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,8 @@ class PasswordGate:
             if self._closed:
                 raise AuthBusy()
             if self.queued >= QUEUE:
+                self._forget_cancelled()
+            if self.queued >= QUEUE:
                 suspects = self._lanes[SUSPECT]
                 if lane == SUSPECT or not suspects:
                     self.counts["busy"] += 1
@@ -161,8 +163,17 @@ class PasswordGate:
             self._cond.notify()
         for old in dropped:
             self.counts["busy"] += 1
-            old.future.set_exception(AuthBusy())
+            _answer_busy(old)
         return check.future
+
+    def _forget_cancelled(self) -> None:
+        """Drop the waiting checks whose clients went away (their futures cancelled), so
+        that they hold no place in the queue. Under ``_cond``."""
+        for lane in self._lanes:
+            if any(c.future.cancelled() for c in lane):
+                kept = [c for c in lane if not c.future.cancelled()]
+                lane.clear()
+                lane.extend(kept)
 
     def _next(self) -> _Check | None:
         with self._cond:
@@ -192,7 +203,7 @@ class PasswordGate:
                 lane.clear()
             self._cond.notify_all()
         for check in waiting:
-            check.future.set_exception(AuthBusy())
+            _answer_busy(check)
 
 
 
@@ -213,3 +224,13 @@ class GateCollector:
         queued = GaugeMetricFamily("gitspout_auth_queued", "Password checks waiting.")
         queued.add_metric([], self.gate.queued)
         yield queued
+
+
+def _answer_busy(check: _Check) -> None:
+    """Answer a waiting check 503, unless its client went away meanwhile (the event loop
+    cancelled the future: setting it would raise InvalidStateError into the request that
+    took its place)."""
+    try:
+        check.future.set_exception(AuthBusy())
+    except InvalidStateError:
+        pass

@@ -22,7 +22,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from gitspout.server.app import auth, authgate
-from gitutil import Git, copy_repo, start_server, wait_until
+from gitutil import Git, copy_repo, poll, start_server, wait_until
 from rawhttp import build_request, metric, parse_response, read_until_close
 
 COST = 11  # about 0.13 s a check
@@ -183,3 +183,57 @@ def test_random_passwords_cannot_evict_the_right_ones(tmp_path: Path,
         with pytest.raises(auth.AuthDenied):
             access.user_for(_basic("alice", secrets.token_hex(8)))
     assert access.known_user(right) == (True, "alice")  # still known: no check needed
+
+
+def test_a_check_whose_client_went_away_takes_no_place_and_breaks_no_one(tmp_path: Path) -> None:
+    """A queue full of suspect checks, the newest of them abandoned by its client (its
+    future cancelled): a clean user's check takes the abandoned one's place and is
+    answered. The gate used to answer the abandoned check 503 to make room, which raised
+    InvalidStateError into the clean user's request (a 500)."""
+    path = tmp_path / "auth.toml"
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    path.write_text(f'[users]\nalice = "{hashed}"\n[[access]]\nrepos = ["*"]\n'
+                    'users = ["alice"]\n')
+    release = threading.Event()
+    entered: list[str | None] = []
+
+    class Held(auth.Access):  # the real checks, held until the test lets them run
+        def user_for(self, authorization: str | None) -> str | None:
+            entered.append(authorization)
+            release.wait(timeout=60)
+            return super().user_for(authorization)
+
+    real = auth.load_access(str(path))
+    held = Held.__new__(Held)
+    held.__dict__.update(real.__dict__)
+    gate = authgate.PasswordGate(held, threads=1)
+
+    async def scenario() -> None:
+        release.set()
+        with pytest.raises(auth.AuthDenied):  # one failure: 2.2.2.2 is a suspect now
+            await gate.user_for(_basic("alice", "wrong"), "2.2.2.2")
+        release.clear()
+        running = asyncio.create_task(gate.user_for(_basic("alice", "wrong1"), "2.2.2.2"))
+        await asyncio.to_thread(poll, lambda: len(entered) == 2, 30, "the second check running")
+        suspects = [asyncio.create_task(gate.user_for(_basic("alice", f"w{i}"), "2.2.2.2"))
+                    for i in range(authgate.QUEUE)]
+        for _ in range(10 * authgate.QUEUE):  # let each task reach the gate
+            if gate.queued == authgate.QUEUE:
+                break
+            await asyncio.sleep(0)
+        assert gate.queued == authgate.QUEUE
+        suspects[-1].cancel()
+        await asyncio.gather(suspects[-1], return_exceptions=True)
+        clean = asyncio.create_task(gate.user_for(_basic("alice", PASSWORD), "3.3.3.3"))
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if clean.done() or gate.queued == authgate.QUEUE:
+                break
+        release.set()
+        assert await clean == "alice"
+        results = await asyncio.gather(running, *suspects[:-1], return_exceptions=True)
+        assert all(isinstance(r, auth.AuthDenied) for r in results), \
+            Counter(type(r).__name__ for r in results)
+        gate.close()
+
+    asyncio.run(scenario())
