@@ -208,7 +208,7 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                               self._info_listing)
         if not data:
             return []
-        alts = []
+        alts = self.alternates  # filled in place: close() sees what failed half-way took
         for line, path in self._alternate_paths(data):
             if path in seen:
                 continue
@@ -289,6 +289,8 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
             loc = alt.locate(oid, needed=False)
             if loc is not None:
                 return loc
+        if oid == EMPTY_TREE[self.hash_len]:  # in every repository: no rescan for it
+            return EMPTY_TREE_PATH
         if needed and self.rescans == 0:
             self.rescan()
             for snap in (self, *self.alternates):
@@ -297,8 +299,6 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                 loc = snap._find_local(oid)
                 if loc is not None:
                     return loc
-        if oid == EMPTY_TREE[self.hash_len]:
-            return EMPTY_TREE_PATH
         if needed:
             self._raise_if_broken(oid)
         return None

@@ -13,6 +13,7 @@ tree is the empty tree that no file holds is served (t5702.78 failed with Missin
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -131,3 +132,19 @@ def test_the_empty_tree_is_in_every_repository(git: Git, sh_server: LiveServer, 
           ("clone", "-q", "--bare", "{url}", "{dest}"))
     objects = _state(git, tmp_path / f"http-v{version}")[2]
     assert "4b825dc642cb6eb9a060e54bf8d69288fbee4904" in objects
+
+
+def test_the_empty_tree_costs_no_rescan(git: Git, sh_root: Path, tmp_path: Path) -> None:
+    """The empty tree is found without listing the pack directory again: a rescan is for
+    a true miss (an object a concurrent repack moved), and the empty tree never is one."""
+    srv = start_server(sh_root, ["--log-format", "json"])  # the access log's fs_ops
+    try:
+        dest = tmp_path / "clone"
+        git.run("clone", "-q", "--bare", f"{srv.url}/empty.git", str(dest), timeout=60)
+        fsck(git, dest)
+        fetches = [json.loads(line) for line in srv.lines
+                   if line.startswith("{") and '"command":"fetch"' in line]
+        assert fetches and fetches[-1]["status"] == 200
+        assert "rescan" not in fetches[-1]["fs_ops"], fetches[-1]["fs_ops"]
+    finally:
+        srv.stop()
