@@ -167,19 +167,22 @@ async def _git_request(state: ServerState, request: web.Request,
 
 async def _dispatch(state: ServerState, request: web.Request,
                     scope: RequestScope) -> web.StreamResponse:
-    repo_path, action = split_path(request.path)
+    url_path, action = split_path(request.path)
     if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
         return text_response(404, "not found")
-    repo_path, namespace = state.namespaces.map(repo_path)
+    repo_path, namespace = state.namespaces.map(url_path)
+    # A namespace's URL answers to the rules of that URL, not of its repository: each
+    # tenant's namespace is a repository of its own to the access rules.
+    rule_path = url_path if namespace else None
     try:
         if action == RECEIVE_PACK:
             scope.record.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
         if action == "info/refs" and request.method in ("GET", "HEAD"):
-            await _authorize(state, request, scope, repo_path)
+            await _authorize(state, request, scope, repo_path, rule_path)
             return await _info_refs(state, request, scope, repo_path, namespace)
         if action == UPLOAD_PACK and request.method == "POST":
-            await _authorize(state, request, scope, repo_path)
+            await _authorize(state, request, scope, repo_path, rule_path)
             return await _upload_pack(state, request, scope, repo_path, namespace)
         if action:
             resp = text_response(405, f"method {request.method} not allowed here")
@@ -266,10 +269,11 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
 
 
 async def _authorize(state: ServerState, request: web.Request, scope: RequestScope,
-                     repo_path: str) -> None:
+                     repo_path: str, rule_path: str | None) -> None:
     """With --auth-file, before anything is read: the credentials (checked lately: no
     bcrypt; else in the gate's own threads, authgate.py), then the rule of the
-    repository's real path (auth.py). Raises AuthDenied."""
+    repository's real path (auth.py), or of ``rule_path`` (a namespace's URL). Raises
+    AuthDenied."""
     access, gate = state.access, state.gate
     if access is None or gate is None:
         return
@@ -279,10 +283,11 @@ async def _authorize(state: ServerState, request: web.Request, scope: RequestSco
     try:
         repo = await state.resolve(repo_path)
     except RepoNotFound:
-        if user is None and not access.anonymous(repo_path.strip("/")):
+        if user is None and not access.anonymous((rule_path or repo_path).strip("/")):
             raise AuthDenied(401, "authentication required") from None
         raise
-    access.decide(repo_name(repo.gitdir, state.resolver.root), user)
+    access.decide(rule_path.strip("/") if rule_path is not None
+                  else repo_name(repo.gitdir, state.resolver.root), user)
 
 
 async def _service_refusal(state: ServerState, scope: RequestScope) -> web.Response | None:

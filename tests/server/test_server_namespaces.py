@@ -9,6 +9,7 @@ an object reachable only from outside the namespace is refused, in v0 and v2.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +157,40 @@ def test_the_setting_in_each_form(tmp_path: Path) -> None:
     for bad in ("x.git=repo.git", "x.git=repo.git#..", "x.git=../up.git#ns", "=repo.git#ns"):
         with pytest.raises(ConfigError, match="namespaces"):
             load_config({"root": str(tmp_path), "namespaces": bad}, env={})
+
+
+def test_a_namespace_url_answers_to_its_own_access_rule(git: Git, ns_root: Path,
+                                                        tmp_path: Path) -> None:
+    """With an auth file, a namespace's URL is matched by that URL, not by its
+    repository's path: a tenant allowed its namespace reads it and neither the whole
+    repository nor another namespace; the repository's own URL keeps its own rule."""
+    import bcrypt
+
+    def hashed(password: str) -> str:
+        return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text(f'[users]\ntenant = "{hashed("t-pass")}"\nowner = "{hashed("o-pass")}"\n'
+                    '[[access]]\nrepos = ["ns-repo.git"]\nusers = ["tenant"]\n'
+                    '[[access]]\nrepos = ["repo.git", "other.git"]\nusers = ["owner"]\n')
+    srv = start_server(ns_root, ["--namespaces", MAP, "--auth-file", str(auth)])
+    host = srv.url.split("://", 1)[1]
+    try:
+        def ls_remote(user: str, password: str, path: str) -> subprocess.CompletedProcess[bytes]:
+            return git.run("ls-remote", f"http://{user}:{password}@{host}/{path}", check=False,
+                           env={"GIT_TERMINAL_PROMPT": "0"})
+
+        ok = ls_remote("tenant", "t-pass", "ns-repo.git")
+        assert ok.returncode == 0, ok.stderr
+        assert b"refs/heads/main" in ok.stdout and b"refs/namespaces/" not in ok.stdout
+        for path in ("repo.git", "deep/other.git"):
+            refused = ls_remote("tenant", "t-pass", path)
+            assert refused.returncode != 0 and b"403" in refused.stderr, (path, refused.stderr)
+        whole = ls_remote("owner", "o-pass", "repo.git")
+        assert whole.returncode == 0 and b"refs/namespaces/ns/" in whole.stdout
+        assert b"403" in ls_remote("owner", "o-pass", "ns-repo.git").stderr
+        dest = tmp_path / "tenant"
+        git.run("clone", "-q", "--bare", f"http://tenant:t-pass@{host}/ns-repo.git", str(dest))
+        fsck(git, dest)
+    finally:
+        srv.stop()
