@@ -79,7 +79,8 @@ class SpoutKeeper:
     def _start(self, www: str) -> int:
         cmd = [sys.executable, "-m", "gitspout.server.app.cli", "serve", "--root", www,
                "--host", "127.0.0.1", "--port", "0", "--pack-cache-dir", str(self.cache_dir),
-               "--drain-timeout", "2", *NAMESPACES_ARG, *self.extra_args]
+               "--drain-timeout", "2", "--log-format", "json", *NAMESPACES_ARG,
+               *self.extra_args]
         # Settings come from the command line only, never from the runner's environment.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GITSPOUT_")}
         self.cache_dir.mkdir(parents=True, exist_ok=True)
