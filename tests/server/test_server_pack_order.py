@@ -272,3 +272,12 @@ def test_a_deepen_deltifies_a_file_against_the_clients_next_version(
 
     assert whole_blobs(ours) <= whole_blobs(theirs), (whole_blobs(ours), whole_blobs(theirs))
     assert len(ours) < 2 * len(theirs), (len(ours), len(theirs))
+    # The real client resolves the thin deltas against what its shallow clone holds.
+    dest = tmp_path / "client"
+    git.run("clone", "-q", "--bare", "--depth", "1", f"{order_server.url}/nextversion.git",
+            str(dest))
+    git.run("-c", "protocol.version=2", "fetch", "-q", "--deepen=20", "origin",
+            "+refs/heads/*:refs/heads/*", cwd=dest)
+    git.run("fsck", "--strict", cwd=dest)
+    assert git.out("rev-list", "--count", "main", cwd=dest).strip() == \
+        git.out("rev-list", "--count", "main", cwd=gitdir).strip()
