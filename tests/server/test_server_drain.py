@@ -11,69 +11,14 @@ import re
 import signal
 import socket
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from gitutil import Git, LiveServer, fsck, poll, start_server
+from netnskit import SlowProxy
 from rawhttp import FLUSH, connect, pkt_lines, request, server_side
 
 TIMEOUT = 30
-
-
-class ThrottledProxy:
-    """127.0.0.1 TCP proxy to ``port`` that passes server bytes at about ``rate`` bytes/s
-    and counts them, so that a test knows a pack is half-way when it acts."""
-
-    def __init__(self, port: int, rate: int) -> None:
-        self.upstream = port
-        self.rate = rate
-        self.sent = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.threads: list[threading.Thread] = []
-        self._spawn(self._accept)
-
-    def _spawn(self, fn: object, *args: object) -> None:
-        t = threading.Thread(target=fn, args=args, daemon=True)  # type: ignore[arg-type]
-        t.start()
-        self.threads.append(t)
-
-    def _accept(self) -> None:
-        self.listener.settimeout(TIMEOUT)
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream), timeout=TIMEOUT)
-            self._spawn(self._pipe, client, server, False)
-            self._spawn(self._pipe, server, client, True)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, throttle: bool) -> None:
-        src.settimeout(TIMEOUT)
-        try:
-            while True:
-                data = src.recv(32 << 10)
-                if not data:
-                    break
-                dst.sendall(data)
-                if throttle:
-                    self.sent += len(data)
-                    # The scenario: a client reading at ``rate`` (not a wait for anything).
-                    time.sleep(len(data) / self.rate)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def _requests_total(port: int) -> float:
@@ -120,7 +65,7 @@ def test_readyz_fails_while_root_is_unreadable(tmp_path: Path, fixture_root: Pat
 def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], git: Git,
                                                   tmp_path: Path) -> None:
     srv = start_server(big_root[0], extra_args=["--drain-timeout", "60"])
-    proxy = ThrottledProxy(srv.port, rate=6 << 20)  # the 16 MiB pack takes ~3 s
+    proxy = SlowProxy("127.0.0.1", srv.port, rate=6 << 20, stall=TIMEOUT)  # 16 MiB: ~3 s
     dest = tmp_path / "clone.git"
     clone = subprocess.Popen(
         ["git", "-c", "protocol.version=2", "clone", "-q", "--mirror",
@@ -128,7 +73,7 @@ def test_clone_in_flight_completes_across_sigterm(big_root: tuple[Path, str], gi
         env={"HOME": str(git.home), "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin"},
         stderr=subprocess.PIPE)
     try:
-        poll(lambda: proxy.sent >= 2 << 20, TIMEOUT, "2 MiB of the pack through the proxy")
+        poll(lambda: proxy.relayed >= 2 << 20, TIMEOUT, "2 MiB of the pack through the proxy")
         srv.proc.send_signal(signal.SIGTERM)
         srv.wait_for_line("draining: 1 requests in flight")
         with pytest.raises(ConnectionRefusedError):
