@@ -111,7 +111,13 @@ def _decide(ctx: RequestContext, req: FetchRequest) -> _Decided:
     produced yet)."""
     plan = plan_fetch(ctx, req)
     pack = PackStream(plan.order, ctx.objects()) if plan.order is not None else None
-    return _Decided(plan, frame_fetch(plan), pack)
+    uris: list[bytes] = []
+    if pack is not None and plan.offload:
+        # Which configured objects the pack would hold is known once its objects are
+        # enumerated: decided here, before the 200, so the section can precede the pack.
+        left_out = set(pack.decide().stats.offloaded)
+        uris = [line for oid, line in plan.offload.items() if oid in left_out]
+    return _Decided(plan, frame_fetch(plan, uris), pack)
 
 
 async def _respond(state: ServerState, scope: RequestScope, request: web.Request,

@@ -47,6 +47,8 @@ def v0_capabilities(ctx: RequestContext, head: HeadInfo | None) -> bytes:
         allow_reachable_sha1=True,
         allow_filter=cfg.allow_filter,
         session_id=SESSION_ID if cfg.advertise_sid else None,
+        bundle_uri=cfg.advertise_bundle_uris or ctx.bundles_offered,
+        packfile_uris=bool(cfg.blob_packfile_uris),
     )
 
 def v0_advertisement(ctx: RequestContext, version: int) -> Iterator[bytes]:
@@ -75,6 +77,8 @@ def v2_features(ctx: RequestContext) -> V2Features:
         allow_sideband_all=cfg.allow_sideband_all,
         advertise_unborn=cfg.unborn == "advertise",
         session_id=SESSION_ID if cfg.advertise_sid else None,
+        bundle_uri=cfg.advertise_bundle_uris or ctx.bundles_offered,
+        packfile_uris=bool(cfg.blob_packfile_uris),
     )
 
 def v2_capabilities(ctx: RequestContext) -> Iterator[bytes]:
