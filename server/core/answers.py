@@ -47,8 +47,6 @@ def v0_capabilities(ctx: RequestContext, head: HeadInfo | None) -> bytes:
         allow_reachable_sha1=True,
         allow_filter=cfg.allow_filter,
         session_id=SESSION_ID if cfg.advertise_sid else None,
-        bundle_uri=cfg.advertise_bundle_uris or ctx.bundles_offered,
-        packfile_uris=bool(cfg.blob_packfile_uris),
     )
 
 def v0_advertisement(ctx: RequestContext, version: int) -> Iterator[bytes]:
