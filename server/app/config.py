@@ -175,6 +175,40 @@ class Config:
         metadata={"help": "cache a pack on its 'first' request, or only on the 'second' "
                           "identical one (one-off fetches then never touch the disk)"},
     )
+    # Bundles of gitspout's own (server/app/bundles.py; README "Bundle URIs").
+    bundles: bool = field(
+        default=False,
+        metadata={"help": "write a bundle of a repository cloned often, serve it and "
+                          "advertise it to v2 clients (bundle-uri)"},
+    )
+    bundle_after: int = field(
+        default=3,
+        metadata={"help": "full clones of a repository within --bundle-window that make "
+                          "gitspout write its bundle"},
+    )
+    bundle_window: float = field(
+        default=600.0, metadata={"help": "seconds over which full clones are counted"},
+    )
+    bundle_size: int = field(
+        default=4 << 30,
+        metadata={"help": "bytes of bundle files kept on local disk (least recently "
+                          "written removed first)", "size": True},
+    )
+    bundle_dir: str = field(
+        default="",
+        metadata={"help": "local directory for bundle files, never the served root (none: "
+                          "the system temporary directory)"},
+    )
+    bundle_refresh_refs: int = field(
+        default=16,
+        metadata={"help": "refs added, removed or moved since a bundle was written that "
+                          "make it stale: no longer offered, written anew at the next clone"},
+    )
+    bundle_base_url: str = field(
+        default="",
+        metadata={"help": "advertise bundles under this URL (a CDN or object store the "
+                          "operator copies the bundle directory to) instead of gitspout's"},
+    )
 
     output_buffer: int = field(
         default=256 << 10,
