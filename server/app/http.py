@@ -160,7 +160,9 @@ async def _dispatch(state: ServerState, request: web.Request,
             await _authorize(state, request, repo_path)
             scope.record.command = "bundle"
             ctx = state.view(scope, await state.resolve(repo_path), namespace)
-            return await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
+            resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
+            scope.record.bytes = resp.content_length or 0
+            return resp
         if action == RECEIVE_PACK:
             scope.record.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
