@@ -445,10 +445,24 @@ def _validate(cfg: Config) -> None:
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"unknown log level {cfg.log_level!r}")
     _validate_pack_cache(cfg)
+    _validate_bundles(cfg)
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 
 
+
+
+def _validate_bundles(cfg: Config) -> None:
+    if cfg.bundle_after < 1 or cfg.bundle_refresh_refs < 1:
+        raise ConfigError("bundle_after and bundle_refresh_refs must be 1 or more")
+    if not math.isfinite(cfg.bundle_window) or cfg.bundle_window <= 0:
+        raise ConfigError("bundle_window must be a number of seconds above 0")
+    if cfg.bundle_base_url and not cfg.bundle_base_url.startswith(("http://", "https://")):
+        raise ConfigError("bundle_base_url must be an http:// or https:// URL")
+    if cfg.bundles and cfg.bundle_dir:
+        bundles, root = Path(cfg.bundle_dir).resolve(), Path(cfg.root).resolve()
+        if bundles == root or root in bundles.parents:
+            raise ConfigError("bundle_dir must not be inside the served root")
 
 
 def _validate_pack_cache(cfg: Config) -> None:

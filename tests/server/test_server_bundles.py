@@ -150,3 +150,23 @@ def test_hidden_and_stale(git: Git, tmp_path: Path, b_root: Path, b_server: Live
     newer = poll(lambda: _bundle_list(b_server, "moving.git") or None, 20, "a new bundle")
     assert [v for k, v in newer.items() if k.endswith(".creationtoken")] == ["2"]
     assert request(b_server.port, "GET", path).status == 404  # the old one is gone
+
+
+def test_base_url_and_namespace(git: Git, tmp_path: Path, b_root: Path,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--bundle-base-url: the list names the file under that base; a namespace URL of the
+    same repository is offered nothing (the bundle was written from every ref)."""
+    srv = start_server(b_root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-base-url", "https://cdn.example/b/",
+        "--bundle-dir", str(tmp_path_factory.mktemp("bundles2")),
+        "--namespaces", "ns.git=repo.git#ns"])
+    try:
+        listed = _written(git, srv, "repo.git", tmp_path, 1)
+        uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+        assert uri.startswith("https://cdn.example/b/") and uri.endswith("-1.bundle")
+        assert "/" not in uri.removeprefix("https://cdn.example/b/")
+        caps = parse_pkts(request(srv.port, "GET", "/ns.git/info/refs?service=git-upload-pack",
+                                  {"Git-Protocol": "version=2"}).body)
+        assert b"bundle-uri\n" not in caps
+    finally:
+        srv.stop()
