@@ -2,7 +2,7 @@
 bundle): a repository cloned ``--bundle-after`` times within ``--bundle-window`` gets a
 bundle of its visible branches and tags, written once in the pool, kept in its own
 directory under ``--bundle-size``, served at a stable URL with ``Range`` and ``sendfile``
-(aiohttp's FileResponse does both), and advertised to v2 clients through the
+(filesend.py), and advertised to v2 clients through the
 ``bundle-uri`` command with ``bundle.mode=all`` and a ``creationToken``, so a client with
 ``transfer.bundleURI`` downloads it and fetches only what is newer.
 
@@ -33,7 +33,9 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..packgen import PackStream
 from ..store.repos import Repo
+from .cachedir import make_directory, reclaim_orphans
 from .config import Config
+from .filesend import send_file
 
 __all__ = ["BundleStore", "BUNDLE_ROUTE", "OffloadMetrics"]
 
@@ -74,6 +76,7 @@ class Bundle:
     path: str
     refs: list[tuple[bytes, bytes]]
     size: int
+    written: float = field(default_factory=time.monotonic)
 
     @property
     def name(self) -> str:
@@ -94,10 +97,12 @@ class BundleStore:
     def __init__(self, cfg: Config, metrics: OffloadMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        base = cfg.bundle_dir or None
-        if base:
-            os.makedirs(base, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="gitspout-bundles-", dir=base)
+        # A locked directory of this process's own, as the pack cache's (cachedir.py): a
+        # server started after a crash removes what a dead one left.
+        base = os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-bundles")
+        os.makedirs(base, exist_ok=True)
+        reclaim_orphans(base)
+        self.dir, self._dir_lock = make_directory(base)
         self._repos: dict[str, _RepoBundles] = {}
         self._lock = threading.Lock()  # offers run in the pool, notes on the loop
 
@@ -218,10 +223,9 @@ class BundleStore:
     def _evict(self, keep: str) -> None:
         """Oldest bundles of other repositories go until all fit in --bundle-size."""
         with self._lock:
-            held = [(e.bundle.token, k, e) for k, e in self._repos.items() if e.bundle]
+            held = [(e.bundle.written, k, e) for k, e in self._repos.items() if e.bundle]
             total = sum(e.bundle.size for _, _, e in held if e.bundle)
-            for _, key, entry in sorted(held, key=lambda h: os.path.getmtime(h[2].bundle.path)
-                                        if h[2].bundle else 0):
+            for _, key, entry in sorted(held, key=lambda h: h[0]):
                 if total <= self.cfg.bundle_size or key == keep or entry.bundle is None:
                     continue
                 total -= entry.bundle.size
@@ -236,6 +240,7 @@ class BundleStore:
             os.rmdir(self.dir)
         except OSError:
             pass
+        os.close(self._dir_lock)
 
 
 class _TooLarge(Exception):
@@ -264,9 +269,8 @@ async def serve_bundle(store: BundleStore, ctx: RequestContext, name: str,
     if bundle is None or not os.path.exists(bundle.path):
         store.metrics.bundle_requests.labels("missing").inc()
         return web.Response(status=404, text="no such bundle\n")
-    resp = web.FileResponse(bundle.path, headers={"Content-Type": "application/octet-stream"})
-    await resp.prepare(request)
     store.metrics.bundle_requests.labels("served").inc()
-    if resp.content_length:
+    resp = await send_file(request, bundle.path, store.cfg.send_timeout)
+    if resp.content_length and request.method != "HEAD":
         store.metrics.bundle_bytes.inc(resp.content_length)
     return resp

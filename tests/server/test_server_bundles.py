@@ -129,6 +129,16 @@ def test_range_resume(git: Git, tmp_path: Path, b_server: LiveServer) -> None:
                          check=True, timeout=60, capture_output=True).stdout
     assert out == b"206"
     assert part.read_bytes() == whole.read_bytes()
+    tail = tmp_path / "tail"
+    subprocess.run(["curl", "-sf", "-r", "-100", "-o", str(tail), uri], check=True, timeout=60)
+    assert tail.read_bytes() == whole.read_bytes()[-100:]
+    path = uri.split(str(b_server.port), 1)[1]
+    size = whole.stat().st_size
+    bad = request(b_server.port, "GET", path, {"Range": f"bytes={size}-"})
+    assert bad.status == 416 and bad.header("content-range") == f"bytes */{size}"
+    head = request(b_server.port, "HEAD", path)
+    assert head.status == 200 and head.header("content-length") == str(size)
+    assert head.header("accept-ranges") == "bytes"
 
 
 def test_hidden_and_stale(git: Git, tmp_path: Path, b_root: Path, b_server: LiveServer) -> None:
@@ -170,3 +180,20 @@ def test_base_url_and_namespace(git: Git, tmp_path: Path, b_root: Path,
         assert b"bundle-uri\n" not in caps
     finally:
         srv.stop()
+
+
+def test_over_size_cap_not_kept(git: Git, tmp_path: Path, b_root: Path,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A bundle over --bundle-size is dropped, never offered; the directory is left empty."""
+    where = tmp_path_factory.mktemp("bundles3")
+    srv = start_server(b_root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-size", "200", "--bundle-dir", str(where)])
+    try:
+        _clone(git, f"{srv.url}/repo.git", tmp_path / "c")
+        srv.wait_for_line("over --bundle-size", timeout=20)
+        assert _bundle_list(srv, "repo.git") == {}
+        (mine,) = (where / "gitspout-bundles").iterdir()
+        assert list(mine.iterdir()) == []
+    finally:
+        srv.stop()
+    assert list((where / "gitspout-bundles").iterdir()) == []  # removed at shutdown
