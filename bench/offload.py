@@ -24,6 +24,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -104,29 +105,64 @@ def run(root: Path, repo: str, git: str, runs: int, parallel: int) -> dict[str, 
                 shutil.rmtree(scratch / "warm-g")
                 out[name] = _measure(srv, lambda d, u=url: _clone(git, u, d, False),
                                      scratch, runs, parallel)
-        bundles = scratch / "bundles"
-        with Gitspout(root, probe_repo=repo, name="gitspout-bundles", extra_args=[
-                "--bundles", "--bundle-after", "1", "--bundle-dir", str(bundles)]) as srv:
-            url = srv.repo_url(repo)
-            _clone(git, url, scratch / "warm-b", False)
-            deadline = time.monotonic() + 600
-            while _metric(srv, "gitspout_bundles_written_total") < 1:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no bundle written")
-                time.sleep(0.2)
-            check = scratch / "check-b"
-            _clone(git, url, check, True)
-            if _metric(srv, "gitspout_bundle_requests_total") < 1:
-                raise RuntimeError("the bundled clone did not download the bundle")
-            fsck(check / ".git")
-            plain = list_refs(scratch / "warm-b" / ".git")
-            got = {k: v for k, v in list_refs(check / ".git").items()
-                   if not k.startswith("refs/bundles/")}
-            if got != plain:
-                raise RuntimeError("bundled clone's refs differ from a normal clone's")
-            out["gitspout, bundle"] = _measure(
-                srv, lambda d: _clone(git, url, d, True), scratch, runs, parallel)
+        out["gitspout, bundle"] = _bundled(root, repo, git, scratch, runs, parallel, [])
+        cdn = subprocess.Popen([sys.executable, "-c", CDN, str(scratch / "bundles")],
+                               stdout=subprocess.PIPE)
+        try:
+            assert cdn.stdout is not None
+            port = int(cdn.stdout.readline())
+            out["gitspout, bundle on another server"] = _bundled(
+                root, repo, git, scratch, runs, parallel,
+                ["--bundle-base-url", f"http://127.0.0.1:{port}"])
+        finally:
+            cdn.terminate()
+            cdn.wait(timeout=30)
     return out
+
+
+# --bundle-base-url's other server (a CDN's stand-in, outside the measured cgroup): the
+# files of every gitspout bundle directory under argv[1], by name.
+CDN = """
+import glob, http.server, os, sys
+root = sys.argv[1]
+class H(http.server.SimpleHTTPRequestHandler):
+    def translate_path(self, path):
+        hits = glob.glob(os.path.join(root, "gitspout-bundles", "*", os.path.basename(path)))
+        return hits[0] if hits else "/nonexistent"
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def _bundled(root: Path, repo: str, git: str, scratch: Path, runs: int, parallel: int,
+             extra: list[str]) -> dict[str, float]:
+    """The bundled side: a warm-up clone makes gitspout write the bundle; the first
+    bundled clone is checked; then measured as the others."""
+    bundles = scratch / "bundles"
+    with Gitspout(root, probe_repo=repo, name="gitspout-bundles", extra_args=[
+            "--bundles", "--bundle-after", "1", "--bundle-dir", str(bundles), *extra]) as srv:
+        url = srv.repo_url(repo)
+        shutil.rmtree(scratch / "warm-b", ignore_errors=True)
+        shutil.rmtree(scratch / "check-b", ignore_errors=True)
+        _clone(git, url, scratch / "warm-b", False)
+        deadline = time.monotonic() + 600
+        while _metric(srv, "gitspout_bundles_written_total") < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no bundle written")
+            time.sleep(0.2)
+        check = scratch / "check-b"
+        _clone(git, url, check, True)
+        refs = list_refs(check / ".git")
+        if not any(k.startswith("refs/bundles/") for k in refs):
+            raise RuntimeError("the bundled clone did not apply the bundle")
+        fsck(check / ".git")
+        got = {k: v for k, v in refs.items() if not k.startswith("refs/bundles/")}
+        if got != list_refs(scratch / "warm-b" / ".git"):
+            raise RuntimeError("bundled clone's refs differ from a normal clone's")
+        return _measure(srv, lambda d: _clone(git, url, d, True), scratch, runs, parallel)
 
 
 def report(results: dict[str, dict[str, float]], repo: str, parallel: int,
