@@ -256,3 +256,25 @@ def _refs(git: Git, path: Path) -> list[str]:
     """The clone's refs, without the refs/bundles/ a bundle download leaves."""
     return [line for line in repo_state(git, path).refs.splitlines()
             if " refs/bundles/" not in line]
+
+
+def test_malformed_blob_uri_is_refused(git: Git, off_root: dict[str, object],
+                                       off_server: LiveServer) -> None:
+    """A value pack-objects dies on: the fetch that would use it gets a clear error, never
+    a pack without its objects; a fetch without packfile-uris is served as ever."""
+    root = off_root["root"]
+    assert isinstance(root, Path)
+    bad = root / "bad.git"
+    if not bad.exists():
+        git.run("clone", "-q", "--bare", str(_gitdir(off_root, "loose")), str(bad))
+        git.run("config", "uploadpack.allowsidebandall", "true", cwd=bad)
+        git.run("config", "uploadpack.blobpackfileuri", "not-an-id http://x/p.pack", cwd=bad)
+    body = _fetch_body(git, bad)
+    resp = post_upload_pack(off_server.port, body, "bad.git", version=2)
+    assert b"uploadpack.blobpackfileuri must be of the form" not in resp.body  # no path leak
+    assert resp.status == 500 and b"PACK" not in resp.body
+    plain = post_upload_pack(off_server.port, _fetch_body(git, bad, ""), "bad.git", version=2)
+    head, pack = sections(parse_pkts(plain.body))
+    assert head == [b"packfile\n"] and pack_count(pack) == 4
+    assert any("uploadpack.blobpackfileuri must be of the form" in line
+               for line in off_server.lines)
