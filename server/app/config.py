@@ -25,6 +25,7 @@ GROUPS = {
     "repositories": "what is served",
     "limits": "threads, memory, queues and rates",
     "caches": "what is kept across requests",
+    "offload": "bundle URIs: clones served from files (bundles.py)",
     "timeouts": "seconds (0 turns most of them off)",
     "auth": "who may read what",
     "metrics": "Prometheus /metrics",
@@ -221,6 +222,42 @@ class Config:
         metadata={"help": "cache a pack on its 'first' request, or only on the 'second' "
                           "identical one (one-off fetches then never touch the disk)",
                   "group": "caches", "metavar": "first|second"},
+    )
+    # Bundles of gitspout's own (server/app/bundles.py; README "Bundle URIs").
+    bundles: bool = field(
+        default=False,
+        metadata={"help": "write a bundle of a repository cloned often, serve it and "
+                          "advertise it to v2 clients (bundle-uri)", "group": "offload"},
+    )
+    bundle_after: int = field(
+        default=3,
+        metadata={"help": "full clones of a repository within --bundle-window that make "
+                          "gitspout write its bundle", "group": "offload"},
+    )
+    bundle_window: float = field(
+        default=600.0, metadata={"help": "seconds over which full clones are counted", "group": "offload"},
+    )
+    bundle_size: int = field(
+        default=4 << 30,
+        metadata={"help": "bytes of bundle files kept on local disk (least recently "
+                          "written removed first)", "size": True, "group": "offload"},
+    )
+    bundle_dir: str = field(
+        default="",
+        metadata={"help": "local directory for bundle files, never the served root (none: "
+                          "the system temporary directory)", "group": "offload"},
+    )
+    bundle_refresh_refs: int = field(
+        default=16,
+        metadata={"help": "refs added, removed or moved since a bundle was written that "
+                          "make it stale: no longer offered, written anew at the next clone",
+                  "group": "offload"},
+    )
+    bundle_base_url: str = field(
+        default="",
+        metadata={"help": "advertise bundles under this URL (a CDN or object store the "
+                          "operator copies the bundle directory to) instead of gitspout's",
+                  "group": "offload"},
     )
 
     output_buffer: int = field(
@@ -492,10 +529,24 @@ def _validate(cfg: Config) -> None:
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"log_format must be 'text' or 'json', not {cfg.log_format!r}")
     _validate_pack_cache(cfg)
+    _validate_bundles(cfg)
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 
 
+
+
+def _validate_bundles(cfg: Config) -> None:
+    if cfg.bundle_after < 1 or cfg.bundle_refresh_refs < 1:
+        raise ConfigError("bundle_after and bundle_refresh_refs must be 1 or more")
+    if not math.isfinite(cfg.bundle_window) or cfg.bundle_window <= 0:
+        raise ConfigError("bundle_window must be a number of seconds above 0")
+    if cfg.bundle_base_url and not cfg.bundle_base_url.startswith(("http://", "https://")):
+        raise ConfigError("bundle_base_url must be an http:// or https:// URL")
+    if cfg.bundles and cfg.bundle_dir:
+        bundles, root = Path(cfg.bundle_dir).resolve(), Path(cfg.root).resolve()
+        if bundles == root or root in bundles.parents:
+            raise ConfigError("bundle_dir must not be inside the served root")
 
 
 def _validate_pack_cache(cfg: Config) -> None:

@@ -16,6 +16,7 @@ from aiohttp import HttpVersion11, web
 
 from ..store.repos import RepoNotFound
 from .auth import AuthDenied, repo_name
+from .bundles import BUNDLE_ROUTE, serve_bundle
 from .connections import GuardedHandler
 from .errors import REFUSED_IN_BAND, Answer, answer_for
 from .forwarded import REQUEST_ID_HEADER, Forwarding
@@ -170,11 +171,24 @@ async def _dispatch(state: ServerState, request: web.Request,
     url_path, action = split_path(request.path)
     if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
         return text_response(404, "not found")
+    bundle = None
+    if state.bundles is not None and BUNDLE_ROUTE in url_path and not action:
+        url_path, _, bundle = url_path.partition(BUNDLE_ROUTE.strip("/") + "/")
+        url_path = url_path.rstrip("/")
     repo_path, namespace = state.namespaces.map(url_path)
     # A namespace's URL answers to the rules of that URL, not of its repository: each
     # tenant's namespace is a repository of its own to the access rules.
     rule_path = url_path if namespace else None
     try:
+        if bundle is not None and state.bundles is not None:
+            if request.method not in ("GET", "HEAD"):
+                return text_response(405, f"method {request.method} not allowed here")
+            await _authorize(state, request, scope, repo_path, rule_path)
+            scope.record.command = "bundle"
+            ctx = state.view(scope, await state.resolve(repo_path), namespace)
+            resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
+            scope.record.bytes = resp.content_length or 0
+            return resp
         if action == RECEIVE_PACK:
             scope.record.service = RECEIVE_PACK
             return text_response(403, READ_ONLY)
@@ -231,7 +245,7 @@ async def _info_refs(state: ServerState, request: web.Request, scope: RequestSco
         return text_response(403, "gitspout serves only the smart HTTP protocol "
                              "(service=git-upload-pack)")
     rec.service = UPLOAD_PACK
-    state.view(scope, await state.resolve(repo_path), namespace)
+    state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
     refusal = await _service_refusal(state, scope)
     if refusal is not None:
         return refusal
@@ -252,7 +266,7 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    state.view(scope, await state.resolve(repo_path), namespace)
+    state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
     refusal = await _service_refusal(state, scope)
     if refusal is not None:
         return refusal
@@ -266,6 +280,11 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
     finally:
         if charge is not None:
             charge.release()
+
+
+def _base_url(request: web.Request) -> str:
+    """Scheme and host as the client addressed us: where our bundle URLs point."""
+    return f"{request.scheme}://{request.host}"
 
 
 async def _authorize(state: ServerState, request: web.Request, scope: RequestScope,

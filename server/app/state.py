@@ -20,6 +20,7 @@ from .admission import Admission
 from .auth import Access, load_access
 from .authgate import GateCollector, PasswordGate
 from .budgets import Budgets
+from .bundles import BundleStore, OffloadMetrics
 from .config import Config, proxy_networks
 from .forwarded import Forwarding
 from .health import Health, RootCheck
@@ -63,6 +64,8 @@ class ServerState:
     namespaces: NamespaceMap = field(default_factory=NamespaceMap)  # --namespaces
     forwarding: Forwarding = field(default_factory=lambda: Forwarding(()))  # --trusted-proxies
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
+    offload: OffloadMetrics | None = None  # bundles and packfile URIs (bundles.py)
+    bundles: BundleStore | None = None  # --bundles
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
@@ -93,6 +96,9 @@ class ServerState:
             state.pack_cache = PackCache(budgets.pack_cache, registry.faults)
             state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         state.admission = Admission(budgets.admission, state.metrics.registry)
+        state.offload = OffloadMetrics(state.metrics.registry)
+        if cfg.bundles:
+            state.bundles = BundleStore(cfg, state.offload)
         state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
@@ -100,12 +106,21 @@ class ServerState:
         """A new request's scope (its view comes once the repository is resolved)."""
         return RequestScope(self.pool, record)
 
-    def view(self, scope: RequestScope, repo: Repo, namespace: bytes = b"") -> RequestContext:
-        """The request's view of ``repo`` (under ``namespace``), attached to its scope."""
-        return scope.attach(RequestContext(
+    def view(self, scope: RequestScope, repo: Repo, namespace: bytes = b"",
+             base_url: str = "") -> RequestContext:
+        """The request's view of ``repo`` (under ``namespace``), attached to its scope;
+        ``base_url`` (scheme and host the client used) for the bundles it may be offered."""
+        ctx = self.detached_view(repo, namespace)
+        if self.bundles is not None and not namespace and base_url:
+            ctx.bundle_offer = self.bundles.offer(base_url, repo.url_path)
+        return scope.attach(ctx)
+
+    def detached_view(self, repo: Repo, namespace: bytes = b"") -> RequestContext:
+        """A view of ``repo`` of no request (the caller closes it)."""
+        return RequestContext(
             repo, self.registry, self.cfg.agent.encode(), self.dirs,
             cold_walk_entries=self.cfg.cold_walk_pack_entries, namespace=namespace,
-            caches=self.caches, inflate=self.budgets.inflate))
+            caches=self.caches, inflate=self.budgets.inflate)
 
     async def resolve(self, repo_path: str) -> Repo:
         """The repository: from the resolver's memory, or found on disk in the pool (the
@@ -151,6 +166,8 @@ class ServerState:
             self.gate.close()
         if self.pack_cache is not None:
             self.pack_cache.close()
+        if self.bundles is not None:
+            self.bundles.close()
 
     async def sweep_forever(self) -> None:
         """Every ``--sweep-interval`` seconds, close open packs and graphs whose files are

@@ -14,6 +14,7 @@ in-band (both through errors.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ from .state import ServerState
 from .stream import PktWriter, pump_pack
 
 __all__ = ["advertise", "serve_post"]
+
+log = logging.getLogger("gitspout")
 
 SERVICE_LINE = format_service_header(UPLOAD_PACK.encode())  # smart HTTP's v0 preamble
 
@@ -104,6 +107,7 @@ class _Decided:
     plan: FetchPlan | None
     head: ResponseHead
     pack: PackStream | None
+    uris: int = 0  # packfile URIs in the response
 
 
 def _decide(ctx: RequestContext, req: FetchRequest) -> _Decided:
@@ -111,7 +115,13 @@ def _decide(ctx: RequestContext, req: FetchRequest) -> _Decided:
     produced yet)."""
     plan = plan_fetch(ctx, req)
     pack = PackStream(plan.order, ctx.objects()) if plan.order is not None else None
-    return _Decided(plan, frame_fetch(plan), pack)
+    uris: list[bytes] = []
+    if pack is not None and plan.offload:
+        # Which configured objects the pack would hold is known once its objects are
+        # enumerated: decided here, before the 200, so the section can precede the pack.
+        left_out = set(pack.decide().stats.offloaded)
+        uris = [line for oid, line in plan.offload.items() if oid in left_out]
+    return _Decided(plan, frame_fetch(plan, uris), pack, len(uris))
 
 
 async def _respond(state: ServerState, scope: RequestScope, request: web.Request,
@@ -129,9 +139,32 @@ async def _respond(state: ServerState, scope: RequestScope, request: web.Request
         if head.pack and decided.pack is not None and plan is not None:
             await _send_pack(state, scope, writer, decided.pack, plan.req.no_progress)
             await writer.items(head.after)
+            _offloaded(state, scope, decided)
         await writer.drain()
         await resp.write_eof()
     return resp
+
+
+def _offloaded(state: ServerState, scope: RequestScope, decided: _Decided) -> None:
+    """A pack went out: count its packfile URIs; a full clone counts towards a bundle
+    (bundles.py), written in the background once due."""
+    if state.offload is not None and decided.uris:
+        state.offload.packfile_uris.inc(decided.uris)
+    store, view = state.bundles, scope.view
+    if store is None or view is None or view.namespace:
+        return
+    if store.note_clone(view.repo, decided.plan):
+        ctx = state.detached_view(view.repo)
+
+        def write() -> None:
+            try:
+                store.write(ctx)
+            except Exception:  # logged; the next due clone tries again
+                log.exception("writing the bundle of %s failed", view.repo.url_path)
+            finally:
+                ctx.close()
+
+        state.pool.submit_for(("bundle", view.repo.url_path), write)
 
 
 def _pack_slot(state: ServerState, scope: RequestScope,

@@ -75,6 +75,8 @@ def v2_features(ctx: RequestContext) -> V2Features:
         allow_sideband_all=cfg.allow_sideband_all,
         advertise_unborn=cfg.unborn == "advertise",
         session_id=SESSION_ID if cfg.advertise_sid else None,
+        bundle_uri=cfg.advertise_bundle_uris or ctx.bundles_offered,
+        packfile_uris=bool(cfg.blob_packfile_uris),
     )
 
 def v2_capabilities(ctx: RequestContext) -> Iterator[bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gitspout.protocol.bundle_uri import check_bundle_uri_args, iter_bundle_list
 from gitspout.protocol.command import parse_command_request
 from gitspout.protocol.errors import ClientError
 from gitspout.protocol.fetch_request import FetchRequest, parse_v2_fetch_args
@@ -41,6 +42,16 @@ class FetchCommand:
 Command = Listing | FetchCommand | None  # None: a body of a flush alone (no command)
 
 
+def bundle_list(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    """The bundle list a ``bundle-uri`` command answers: the repository's ``bundle.*``
+    entries when ``uploadpack.advertiseBundleURIs`` is set (C git's answer, which the
+    operator filled), else gitspout's own bundles when it has one for this client."""
+    cfg = ctx.config
+    if cfg.advertise_bundle_uris:
+        return list(cfg.bundle_list)
+    return ctx.own_bundle_list()
+
+
 def read_command(ctx: RequestContext, body: bytes) -> Command:
     """Parse the command of a v2 POST and, unless it is a fetch, answer it (blocking)."""
     features = answers.v2_features(ctx)
@@ -62,9 +73,15 @@ def read_command(ctx: RequestContext, body: bytes) -> Command:
         chunks = [c for c in map(buf.add, answers.object_info(ctx, oi)) if c]
         chunks += [c for c in (buf.add_flush(), buf.take()) if c]
         return Listing(cmd.command, cmd.agent, chunks)
+    if cmd.command == b"bundle-uri":
+        # Refused by the parser unless advertised (serve.c); answered as bundle-uri.c
+        # bundle_uri_command does: no argument, then the list as key=value lines.
+        check_bundle_uri_args(cmd.args)
+        buf = PktBuffer()
+        chunks = [c for c in map(buf.add, iter_bundle_list(bundle_list(ctx))) if c]
+        chunks += [c for c in (buf.add_flush(), buf.take()) if c]
+        return Listing(cmd.command, cmd.agent, chunks)
     if cmd.command != b"fetch":
-        # bundle-uri: refused by the parser until the repository advertises it; its
-        # answer, a Listing too, goes here.
         raise ClientError(f"unsupported command {cmd.command.decode('ascii', 'replace')}")
     req = parse_v2_fetch_args(cmd.args, features, ctx.hash_len * 2)
     return FetchCommand(cmd.command, cmd.agent, req)

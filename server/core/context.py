@@ -13,7 +13,7 @@ import binascii
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,9 @@ class RequestContext:
     namespace: bytes = b""  # GIT_NAMESPACE the URL serves (app/namespaces.py); b"": none
     caches: PackCaches | None = None
     inflate: ByteBudget | None = None
+    # gitspout's own bundles (app/bundles.py): the bundle list this client may be given
+    # (None: none), asked only by a bundle-uri command. Set: the capability is advertised.
+    bundle_offer: Callable[[RequestContext], list[tuple[bytes, bytes]] | None] | None = None
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
@@ -131,6 +134,15 @@ class RequestContext:
                 return
             self._closed = True
         self.unhold()
+
+    @property
+    def bundles_offered(self) -> bool:
+        """gitspout's own bundles may be offered here (the capability is advertised)."""
+        return self.bundle_offer is not None
+
+    def own_bundle_list(self) -> list[tuple[bytes, bytes]]:
+        """The list of gitspout's own bundles for this client (blocking; [] for none)."""
+        return (self.bundle_offer(self) or []) if self.bundle_offer is not None else []
 
     # -- lazily read state ---------------------------------------------------
 

@@ -31,6 +31,7 @@ from ..store.errors import ObjectStoreError, StorageError
 from ..store.objformat import OBJ_COMMIT, OBJ_TAG
 from ..store.repos import RepoConfig
 from .context import RequestContext
+from .offload import offload_lines
 
 __all__ = ["FetchPlan", "plan_fetch", "Negotiation"]
 
@@ -54,6 +55,8 @@ class FetchPlan:
     common: list[bytes] = field(default_factory=list)
     order: PackOrder | None = None
     seconds: float = 0.0
+    # packfile URIs the client may be given: object -> "<pack-hash> <uri>" (offload.py)
+    offload: dict[bytes, bytes] = field(default_factory=dict)
 
     @property
     def send_pack(self) -> bool:
@@ -118,13 +121,18 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
         else negotiate_v0(req, tracker)
     common = list(tracker.common)
     send = answer is not None and answer.send_pack
-    order = _pack_order(ctx, req, wants, shallow, common) if send else None
+    offload: dict[bytes, bytes] = {}
+    if send and req.uri_protocols and cfg.blob_packfile_uris:
+        offload = offload_lines(cfg.blob_packfile_uris, req.uri_protocols, ctx.hash_len)
+    order = _pack_order(ctx, req, wants, shallow, common, frozenset(offload)) if send \
+        else None
     return FetchPlan(req, wants, shallow, answer, wanted_refs, common, order,
-                     time.monotonic() - start)
+                     time.monotonic() - start, offload)
 
 
 def _pack_order(ctx: RequestContext, req: FetchRequest, wants: list[bytes],
-                shallow: ShallowBoundary, common: list[bytes]) -> PackOrder:
+                shallow: ShallowBoundary, common: list[bytes],
+                exclude: frozenset[bytes] = frozenset()) -> PackOrder:
     """What packgen is to send, and how (packgen/order.py)."""
     unshallow = tuple(shallow.unshallow)
     return PackOrder(
@@ -139,6 +147,7 @@ def _pack_order(ctx: RequestContext, req: FetchRequest, wants: list[bytes],
         thin=req.thin_pack and bool(common or unshallow),
         ofs_delta=req.ofs_delta,
         tags=_include_tags(ctx) if req.include_tag else (),
+        exclude=exclude,
     )
 
 

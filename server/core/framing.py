@@ -6,7 +6,7 @@ lines, seconds of Python), so that the event loop only writes them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +88,10 @@ class ResponseHead:
         return cls(section.take(), pack, items)
 
 
-def frame_fetch(plan: FetchPlan) -> ResponseHead:
+def frame_fetch(plan: FetchPlan, packfile_uris: Sequence[bytes] = ()) -> ResponseHead:
     """The response to a planned fetch, up to its pack: v0's shallow list and ACK/NAK
-    lines; v2's acknowledgments, shallow-info, wanted-refs and the packfile line."""
+    lines; v2's acknowledgments, shallow-info, wanted-refs, packfile-uris (``<pack-hash>
+    <uri>`` lines) and the packfile line."""
     req, shallow = plan.req, plan.shallow
     lines: dict[str, Any] = {"shallow": shallow.shallow, "unshallow": shallow.unshallow,
                              "deepen": shallow.sent}
@@ -98,7 +99,7 @@ def frame_fetch(plan: FetchPlan) -> ResponseHead:
         return ResponseHead.of(iter_v0_fetch_response(
             plan.answer, **lines, sideband=req.sideband is not Sideband.NONE))
     items = iter_v2_fetch_response(plan.answer, **lines, client_shallow=bool(shallow.cut),
-                                   wanted_refs=plan.wanted_refs)
+                                   wanted_refs=plan.wanted_refs, packfile_uris=packfile_uris)
     return ResponseHead.of(items, sideband_all=req.sideband_all)
 
 

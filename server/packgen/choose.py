@@ -87,6 +87,11 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
         caches.walks.put(order.key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects))
     if max_objects is not None and len(enum.objects) > max_objects:
         return None
+    listed = [oid for oid, _ in enum.objects]
+    offloaded: tuple[bytes, ...] = ()
+    if order.exclude:
+        offloaded = tuple(oid for oid in listed if oid in order.exclude)
+        listed = [oid for oid in listed if oid not in order.exclude]
     # Where the objects live depends on the pack lists (the alternates' too), which this
     # request froze.
     packs = objects.packs()
@@ -95,13 +100,13 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     listed_only = False
     if cached is not None:
         selection = cached.fresh(packs)
-    elif len(enum.objects) <= (max_objects if max_objects is not None else _cold_budget(objects)):
+    elif len(listed) <= (max_objects if max_objects is not None else _cold_budget(objects)):
         # Written afresh, no reverse index needed. Not kept: once the index is known,
         # entries are copied.
-        selection = Selection([], [oid for oid, _ in enum.objects])
+        selection = Selection([], listed)
         listed_only = True
     else:
-        selection = select_objects(odb, (oid for oid, _ in enum.objects))
+        selection = select_objects(odb, listed)
         caches.selections.put(where, selection, 16 * selection.count)
         selection = selection.fresh(packs)
     thin: ThinCheck | None = None
@@ -113,6 +118,7 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
                              listed_only=listed_only,
                              inflate=objects.inflate, layouts=caches.layouts)
     source.stats.kind = "walk"
+    source.stats.offloaded = offloaded
     return source
 
 
@@ -147,6 +153,7 @@ def _from_bitmaps(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex) -> P
     if order.tags:
         include_tags(ReachSet(bi, reach), order.tags,
                      ReachSet(bi, haves) if haves is not None else frozenset())
+    offloaded = _exclude(order, bi, reach) if order.exclude else ()
     pack = bi.pack
     # Not verbatim when the pack holds a REF_DELTA: to a client that asked for ofs-delta
     # every delta in the pack is an OFS_DELTA, and a REF_DELTA may precede its base (as
@@ -165,7 +172,21 @@ def _from_bitmaps(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex) -> P
                              delta_hints=reach.hints, inflate=objects.inflate,
                              layouts=objects.caches.layouts)
     source.stats.kind = "bitmap"
+    source.stats.offloaded = offloaded
     return source
+
+
+def _exclude(order: PackOrder, bi: BitmapIndex, reach: Reach) -> tuple[bytes, ...]:
+    """Take the order's excluded objects out of ``reach``: those it held, in order."""
+    out = []
+    for oid in sorted(order.exclude):
+        rank = bi.rank(oid)
+        if rank is not None and reach.test(rank):
+            reach.bits = reach.bits & ~(1 << rank)
+            out.append(oid)
+        elif reach.extra.pop(oid, None) is not None:
+            out.append(oid)
+    return tuple(out)
 
 
 def _thin_from_reach(bi: BitmapIndex, haves: Reach) -> ThinCheck:

@@ -40,6 +40,8 @@ class PackOrder:
     ofs_delta: bool = False
     # include-tag: (tag object, peeled target) of each visible annotated tag; () without it
     tags: tuple[tuple[bytes, bytes], ...] = ()
+    # objects the client downloads by packfile URI instead (core/offload.py): left out
+    exclude: frozenset[bytes] = frozenset()
 
     @property
     def haves(self) -> list[bytes]:
@@ -56,6 +58,7 @@ class PackOrder:
         """What the pack's objects and bytes are a function of. Side-band, progress and the
         protocol version only change the framing; who asks changes nothing."""
         ids = ids_digest(self.wants, self.common, self.unshallow, self.shallow_cut,
-                         self.grafts, (t for pair in self.tags for t in pair))
+                         self.grafts, (t for pair in self.tags for t in pair),
+                         self.exclude)
         how = b"%d%d%d" % (self.deepen, self.thin, self.ofs_delta) + repr(self.filter).encode()
         return hashlib.sha256(ids + how).digest()

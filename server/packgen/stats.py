@@ -33,6 +33,8 @@ class PackStats:
     kind: str = ""
     reused_bytes: int = 0  # entries copied from packs (verbatim sources count as reused)
     generated_bytes: int = 0  # entries compressed here
+    # objects the order excluded that the pack would have held: sent as packfile URIs
+    offloaded: tuple[bytes, ...] = ()
 
     def total_line(self) -> bytes:
         return (

@@ -55,6 +55,13 @@ class RepoConfig:
     unborn: str = "advertise"
     ref_storage: str = "files"  # extensions.refStorage: files or reftable
     http_upload_pack: bool = True  # http.uploadpack: false makes git-http-backend answer 403
+    # uploadpack.advertiseBundleURIs, and every bundle.* entry in file order as the v2
+    # bundle-uri command answers them (bundle-uri.c config_to_packet_line)
+    advertise_bundle_uris: bool = False
+    bundle_list: tuple[tuple[bytes, bytes], ...] = ()
+    # uploadpack.blobPackfileUri values, raw: "<object-hash> <pack-hash> <uri>", checked
+    # only when a fetch uses them (pack-objects dies there, upload-pack only counts them)
+    blob_packfile_uris: tuple[bytes, ...] = ()
 
 
 _TRUE = ("true", "yes", "on", "1")
@@ -90,6 +97,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
     max_depth: int | None = None
     fmt, unborn, sid, storage = "sha1", "advertise", False, "files"
     http_upload_pack = True
+    bundle_uris, bundles, blob_uris = False, [], []
     for e in entries:
         what = ".".join(p for p in (e.section, e.subsection, e.key) if p is not None)
         if e.subsection is None and e.section in ("uploadpack", "transfer") \
@@ -122,6 +130,14 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
             unborn = e.value.lower()
         elif e.section == "transfer" and e.subsection is None and e.key == "advertisesid":
             sid = _bool(e.value, what)
+        elif e.section == "uploadpack" and e.subsection is None \
+                and e.key == "advertisebundleuris":
+            bundle_uris = _maybe_bool(e.value)
+        elif e.section == "uploadpack" and e.subsection is None \
+                and e.key == "blobpackfileuri" and e.value is not None:
+            blob_uris.append(_raw(e.value))
+        elif e.section == "bundle":
+            bundles.append((_raw(what), _bundle_value(e.value)))
     return RepoConfig(
         hide_refs=tuple(hide),
         allow_filter=flags["allowfilter"],
@@ -138,7 +154,29 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         unborn=unborn,
         ref_storage=storage,
         http_upload_pack=http_upload_pack,
+        advertise_bundle_uris=bundle_uris,
+        bundle_list=tuple(bundles),
+        blob_packfile_uris=tuple(blob_uris),
     )
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _maybe_bool(value: str | None) -> bool:
+    """config.c ``git_configset_get_maybe_bool``: a value that is no boolean is no error;
+    it stores -1 in the flag, which bundle-uri.c then reads as true (it advertises)."""
+    try:
+        return _bool(value, "")
+    except ConfigFileError:
+        return True
+
+
+def _bundle_value(value: str | None) -> bytes:
+    # A bare ``key`` has no value: C git formats it with printf's ``%s`` of NULL, which
+    # glibc writes as "(null)" (bundle-uri.c config_to_packet_line).
+    return b"(null)" if value is None else _raw(value)
 
 
 def parse_repo_config(data: bytes) -> RepoConfig:

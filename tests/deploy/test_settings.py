@@ -20,7 +20,7 @@ import pytest
 from gitutil import Git, copy_repo
 
 GITSPOUT = Path(sys.executable).parent / "gitspout"  # the console script of this install
-TOPICS = ["listening", "repositories", "limits", "caches", "timeouts", "auth", "metrics",
+TOPICS = ["listening", "repositories", "limits", "caches", "offload", "timeouts", "auth", "metrics",
           "logging"]
 
 

@@ -1,0 +1,46 @@
+"""What gitspout's own bundles may hold and whom they may be offered to (ARCHITECTURE.md
+I7): a bundle holds the visible branches and tags at the time it was written; a client is
+offered one only if every tip in it is reachable from a ref that client sees now, so a
+bundle never hands out what only a hidden ref (or another namespace) reaches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..graph.reachability import check_wants
+from ..packgen import PackOrder
+from .context import RequestContext
+
+__all__ = ["bundle_refs", "bundle_order", "may_offer", "refs_moved"]
+
+BUNDLED_PREFIXES = (b"refs/heads/", b"refs/tags/")  # what a default clone fetches
+
+
+def bundle_refs(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+    """(name, hex id) of the visible branches and tags, in ref order (blocking)."""
+    _head, refs = ctx.visible()
+    return [(r.name, r.oid) for r in refs if r.name.startswith(BUNDLED_PREFIXES)]
+
+
+def bundle_order(refs: Sequence[tuple[bytes, bytes]]) -> PackOrder:
+    """A full clone of ``refs``, as its pack goes into the bundle: no haves, no thin."""
+    return PackOrder(wants=tuple(dict.fromkeys(bytes.fromhex(o.decode()) for _, o in refs)),
+                     ofs_delta=True)
+
+
+def may_offer(ctx: RequestContext, refs: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Every tip of the bundle is reachable from this client's visible refs (blocking).
+    Under a namespace never: the bundle was written from the whole repository."""
+    if ctx.namespace or not refs:
+        return False
+    wants = [bytes.fromhex(o.decode()) for _, o in refs]
+    tips = ctx.tips()
+    if all(w in tips for w in wants):
+        return True
+    return check_wants(ctx.src, wants, tips) is None
+
+
+def refs_moved(old: Sequence[tuple[bytes, bytes]], new: Sequence[tuple[bytes, bytes]]) -> int:
+    """How many refs were added, removed or moved between two lists."""
+    a, b = dict(old), dict(new)
+    return sum(1 for n in a.keys() | b.keys() if a.get(n) != b.get(n))

@@ -1,0 +1,199 @@
+"""Bundles of gitspout's own (``--bundles``), with real clients on 127.0.0.1:
+
+* after ``--bundle-after`` full clones gitspout writes a bundle of the visible branches
+  and tags, offers it through the v2 ``bundle-uri`` command (``bundle.mode=all``, a
+  ``creationToken``) and serves it: ``git clone --bundle-uri`` (the CI git) and
+  ``transfer.bundleURI`` (git >= 2.41) clone with it, fsck, refs as over file://;
+* ``Range`` resumes a download (curl ``-C``);
+* a hidden ref is never in the bundle, and once a ref in it is hidden the bundle is
+  neither offered nor served; refs moved past ``--bundle-refresh-refs`` make it stale and
+  the next clone writes its successor.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
+from offloadkit import new_git
+from rawhttp import FLUSH, metric, parse_pkts, pkt_lines, post_upload_pack, request
+
+BUNDLE_CMD = pkt_lines("command=bundle-uri", "object-format=sha1") + FLUSH
+
+
+@pytest.fixture(scope="module")
+def b_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
+    root = tmp_path_factory.mktemp("broot")
+    work = tmp_path_factory.mktemp("bwork") / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"line {i}\n" * (i + 1), f"d/{i}.txt": f"{i}\n"}, f"c{i}")
+    c.tag("v1", "tag one")
+    git.run("branch", "side", "HEAD~2", cwd=work)
+    for name in ("repo.git", "moving.git"):
+        git.run("clone", "-q", "--bare", str(work), str(root / name))
+        git.run("update-ref", "refs/hidden/secret", "HEAD~1", cwd=root / name)
+        git.run("config", "uploadpack.hideRefs", "refs/hidden", cwd=root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def b_server(b_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    srv = start_server(b_root, extra_args=[
+        "--bundles", "--bundle-after", "2", "--bundle-refresh-refs", "1",
+        "--bundle-dir", str(tmp_path_factory.mktemp("bundles"))])
+    yield srv
+    srv.stop()
+
+
+def _clone(git: Git, url: str, dest: Path, *extra: str) -> None:
+    git.run("-c", "protocol.version=2", "clone", "-q", *extra, url, str(dest))
+
+
+def _bundle_list(srv: LiveServer, repo: str) -> dict[str, str]:
+    resp = post_upload_pack(srv.port, BUNDLE_CMD, repo, version=2)
+    assert resp.status == 200
+    out = {}
+    for p in parse_pkts(resp.body):
+        if p is not None:
+            key, _, value = p.decode().partition("=")
+            # rawhttp sends "Host: 127.0.0.1": the URL is built on the Host the client sent
+            out[key] = value.replace("http://127.0.0.1/", f"{srv.url}/")
+    return out
+
+
+def _written(git: Git, srv: LiveServer, repo: str, tmp_path: Path, count: int) -> dict[str, str]:
+    """Full clones until the bundle is due, then its list once written."""
+    for i in range(count):
+        _clone(git, f"{srv.url}/{repo}", tmp_path / f"warm{i}")
+    return poll(lambda: _bundle_list(srv, repo) or None, 20, "a bundle offered")
+
+
+def _refs(git: Git, path: Path) -> list[str]:
+    return [line for line in repo_state(git, path).refs.splitlines()
+            if " refs/bundles/" not in line]
+
+
+def test_bundle_written_offered_and_cloned(git: Git, tmp_path: Path, b_root: Path,
+                                           b_server: LiveServer) -> None:
+    assert _bundle_list(b_server, "repo.git") == {}
+    listed = _written(git, b_server, "repo.git", tmp_path, 2)
+    assert listed["bundle.version"] == "1" and listed["bundle.mode"] == "all"
+    assert listed["bundle.heuristic"] == "creationToken"
+    (uri_key,) = [k for k in listed if k.endswith(".uri")]
+    assert listed[uri_key.removesuffix(".uri") + ".creationtoken"] == "1"
+    uri = listed[uri_key]
+    assert uri.startswith(f"{b_server.url}/repo.git/gitspout-bundle/")
+    # The bundle itself: the visible branches and tags, never the hidden ref.
+    data = tmp_path / "b.bundle"
+    subprocess.run(["curl", "-sf", "-o", str(data), uri], check=True, timeout=60)
+    assert data.read_bytes().startswith(b"# v2 git bundle\n")
+    heads = git.out("bundle", "list-heads", str(data), cwd=b_root / "repo.git")
+    names = sorted(line.split()[1] for line in heads.splitlines())
+    assert names == ["refs/heads/main", "refs/heads/side", "refs/tags/v1"]
+    ref = tmp_path / "ref"
+    git.run("clone", "-q", "--no-local", f"file://{b_root / 'repo.git'}", str(ref))
+    # The CI git: --bundle-uri downloads it, then fetches the rest.
+    served = metric(b_server.port, 'gitspout_bundle_requests_total{result="served"}', 0)
+    dest = tmp_path / "c1"
+    _clone(git, f"{b_server.url}/repo.git", dest, f"--bundle-uri={uri}")
+    fsck(git, dest)
+    assert _refs(git, dest) == _refs(git, ref)
+    assert metric(b_server.port, 'gitspout_bundle_requests_total{result="served"}') == served + 1
+    newer = new_git()
+    if newer is None:
+        pytest.skip("transfer.bundleURI needs a git >= 2.41 (GITSPOUT_TEST_NEW_GIT)")
+    dest2 = tmp_path / "c2"
+    subprocess.run([newer, "-c", "transfer.bundleURI=true", "-c", "protocol.version=2", "clone",
+                    "-q", f"{b_server.url}/repo.git", str(dest2)], env=git_env(git.home),
+                   check=True, capture_output=True, timeout=120)
+    fsck(git, dest2)
+    assert _refs(git, dest2) == _refs(git, ref)
+    assert metric(b_server.port, 'gitspout_bundle_requests_total{result="served"}') == served + 2
+
+
+def test_range_resume(git: Git, tmp_path: Path, b_server: LiveServer) -> None:
+    listed = _written(git, b_server, "repo.git", tmp_path,
+                      0 if _bundle_list(b_server, "repo.git") else 2)
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    whole = tmp_path / "whole"
+    subprocess.run(["curl", "-sf", "-o", str(whole), uri], check=True, timeout=60)
+    part = tmp_path / "part"
+    subprocess.run(["curl", "-sf", "-r", "0-99", "-o", str(part), uri], check=True, timeout=60)
+    assert part.stat().st_size == 100
+    out = subprocess.run(["curl", "-sf", "-C", "-", "-o", str(part), "-w", "%{http_code}", uri],
+                         check=True, timeout=60, capture_output=True).stdout
+    assert out == b"206"
+    assert part.read_bytes() == whole.read_bytes()
+    tail = tmp_path / "tail"
+    subprocess.run(["curl", "-sf", "-r", "-100", "-o", str(tail), uri], check=True, timeout=60)
+    assert tail.read_bytes() == whole.read_bytes()[-100:]
+    path = uri.split(str(b_server.port), 1)[1]
+    size = whole.stat().st_size
+    bad = request(b_server.port, "GET", path, {"Range": f"bytes={size}-"})
+    assert bad.status == 416 and bad.header("content-range") == f"bytes */{size}"
+    head = request(b_server.port, "HEAD", path)
+    assert head.status == 200 and head.header("content-length") == str(size)
+    assert head.header("accept-ranges") == "bytes"
+
+
+def test_hidden_and_stale(git: Git, tmp_path: Path, b_root: Path, b_server: LiveServer) -> None:
+    repo = b_root / "moving.git"
+    listed = _written(git, b_server, "moving.git", tmp_path, 2)
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    path = uri.split(str(b_server.port), 1)[1]
+    assert request(b_server.port, "GET", path).status == 200
+    # A ref in the bundle hidden now: neither offered nor served.
+    git.run("config", "--add", "uploadpack.hideRefs", "refs/tags", cwd=repo)
+    assert _bundle_list(b_server, "moving.git") == {}
+    assert request(b_server.port, "GET", path).status == 404
+    git.run("config", "--unset", "uploadpack.hideRefs", "refs/tags", cwd=repo)
+    assert _bundle_list(b_server, "moving.git") == listed
+    # A ref moved (threshold 1): stale; the next full clones write token 2.
+    git.run("update-ref", "refs/heads/side", "refs/heads/main", cwd=repo)
+    assert _bundle_list(b_server, "moving.git") == {}
+    _clone(git, f"{b_server.url}/moving.git", tmp_path / "again")
+    newer = poll(lambda: _bundle_list(b_server, "moving.git") or None, 20, "a new bundle")
+    assert [v for k, v in newer.items() if k.endswith(".creationtoken")] == ["2"]
+    assert request(b_server.port, "GET", path).status == 404  # the old one is gone
+
+
+def test_base_url_and_namespace(git: Git, tmp_path: Path, b_root: Path,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--bundle-base-url: the list names the file under that base; a namespace URL of the
+    same repository is offered nothing (the bundle was written from every ref)."""
+    srv = start_server(b_root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-base-url", "https://cdn.example/b/",
+        "--bundle-dir", str(tmp_path_factory.mktemp("bundles2")),
+        "--namespaces", "ns.git=repo.git#ns"])
+    try:
+        listed = _written(git, srv, "repo.git", tmp_path, 1)
+        uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+        assert uri.startswith("https://cdn.example/b/") and uri.endswith("-1.bundle")
+        assert "/" not in uri.removeprefix("https://cdn.example/b/")
+        caps = parse_pkts(request(srv.port, "GET", "/ns.git/info/refs?service=git-upload-pack",
+                                  {"Git-Protocol": "version=2"}).body)
+        assert b"bundle-uri\n" not in caps
+    finally:
+        srv.stop()
+
+
+def test_over_size_cap_not_kept(git: Git, tmp_path: Path, b_root: Path,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A bundle over --bundle-size is dropped, never offered; the directory is left empty."""
+    where = tmp_path_factory.mktemp("bundles3")
+    srv = start_server(b_root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-size", "200", "--bundle-dir", str(where)])
+    try:
+        _clone(git, f"{srv.url}/repo.git", tmp_path / "c")
+        srv.wait_for_line("over --bundle-size", timeout=20)
+        assert _bundle_list(srv, "repo.git") == {}
+        (mine,) = (where / "gitspout-bundles").iterdir()
+        assert list(mine.iterdir()) == []
+    finally:
+        srv.stop()
+    assert list((where / "gitspout-bundles").iterdir()) == []  # removed at shutdown
