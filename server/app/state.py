@@ -28,6 +28,7 @@ from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector
 from .pool import WorkPool
 from .scope import RequestScope
+from .workerstats import WorkerStats
 
 __all__ = ["ServerState"]
 
@@ -61,6 +62,7 @@ class ServerState:
     admission: Admission | None = None  # slots for pack generation (admission.py)
     namespaces: NamespaceMap = field(default_factory=NamespaceMap)  # --namespaces
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
+    worker_stats: WorkerStats | None = None  # --workers: /metrics over every worker
 
     @classmethod
     def create(cls, cfg: Config) -> ServerState:
