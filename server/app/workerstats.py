@@ -83,9 +83,9 @@ def merge_expositions(texts: Iterable[str], dead: Iterable[str] = ()) -> list[Me
                 elif fam.type != "info":
                     into.samples[key] = old + s.value
     out = []
-    for fam in merged.values():
-        metric = Metric(fam.name, fam.doc, fam.kind)
-        for (name, labels), value in fam.samples.items():
+    for family in merged.values():
+        metric = Metric(family.name, family.doc, family.kind)
+        for (name, labels), value in family.samples.items():
             metric.add_sample(name, dict(labels), value)
         out.append(metric)
     return out
