@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .cachedir import make_directory, reclaim_orphans
 from .config import Config, ConfigError
 
 __all__ = ["WorkerLink", "Master", "usable_cpus", "resolve_workers", "worker_config",
@@ -171,6 +172,7 @@ class WorkerLink:
     master_pid: int
     directory: str
     workers: int
+    cache_dir: str = ""  # the pack-cache directory shared by the workers (cacheshare.py)
 
     def master_alive(self) -> bool:
         return os.getppid() == self.master_pid
@@ -193,6 +195,7 @@ class Master:
     workers: int
     run_worker: Callable[[Config, WorkerLink], int]
     url: str = ""
+    cache_dir: str = ""
     directory: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="gitspout-workers-"))
     children: dict[int, _Child] = field(default_factory=dict)  # by pid
     restarts: int = 0
@@ -230,7 +233,7 @@ class Master:
         return max(0.0, min(self._due.values()) - time.monotonic())
 
     def _spawn(self, index: int) -> None:
-        link = WorkerLink(index, os.getpid(), self.directory, self.workers)
+        link = WorkerLink(index, os.getpid(), self.directory, self.workers, self.cache_dir)
         pid = os.fork()
         if pid == 0:  # the worker: never returns into the master's code
             code = 1
@@ -370,6 +373,7 @@ def start_master(cfg: Config, n: int, run_worker: Callable[[Config, WorkerLink],
     """Reserve the serving (and metrics) address, then run the master until its workers
     have stopped; OSError when an address cannot be had."""
     held = [reserve_address(cfg.host, cfg.port)]
+    cache_dir, cache_lock = "", -1
     try:
         port = held[0].getsockname()[1]
         metrics_port = cfg.metrics_port
@@ -377,8 +381,16 @@ def start_master(cfg: Config, n: int, run_worker: Callable[[Config, WorkerLink],
             held.append(reserve_address(cfg.host, metrics_port))
             metrics_port = held[-1].getsockname()[1]
         wcfg = worker_config(cfg, n, port, metrics_port)
+        if cfg.pack_cache_size > 0:  # one directory for all: one producer per key
+            base = cfg.pack_cache_dir or tempfile.gettempdir()
+            os.makedirs(base, exist_ok=True)
+            reclaim_orphans(base)
+            cache_dir, cache_lock = make_directory(base)
         log.info("master (pid %d): %d workers on %s", os.getpid(), n, url(cfg.host, port))
-        return Master(wcfg, n, run_worker, url=url(cfg.host, port)).run()
+        return Master(wcfg, n, run_worker, url=url(cfg.host, port), cache_dir=cache_dir).run()
     finally:
         for sock in held:
             sock.close()
+        if cache_dir:
+            _remove_tree(cache_dir)
+            os.close(cache_lock)

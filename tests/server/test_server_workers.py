@@ -36,6 +36,7 @@ def workers_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
         c.commit({f"f{i}.txt": f"line {i}\n" * (i + 1)}, f"commit {i}")
     git.run("tag", "v1", cwd=work)
     git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "app.git"))
+    git.run("config", "uploadpack.allowFilter", "true", cwd=root / "app.git")
     return root
 
 
@@ -252,3 +253,44 @@ def test_merge_sums_counters_keeps_dead_counters_drops_dead_gauges() -> None:
     assert merged["process_start_time_seconds"] == {("process_start_time_seconds", ()): 90}
     assert merged["h"][("h_count", ())] == 14 and merged["h"][("h_sum", ())] == 4.5
     assert merged["h"][("h_bucket", (("le", "+Inf"),))] == 14
+
+
+def _lookups(port: int) -> dict[str, float]:
+    return {re.search(r'result="(\w+)"', k).group(1): v
+            for k, v in _samples(port, "gitspout_pack_cache_lookups_total").items()}
+
+
+def test_pack_cache_is_shared_one_producer_per_key(
+        workers_root: Path, git: Git, tmp_path: Path) -> None:
+    """Blobless clones, one then twelve after it, then eight at once with another filter:
+    each pack generated once over both workers, read by every clone wherever it landed."""
+    srv = _start(workers_root, ("--pack-cache-dir", str(tmp_path / "cache")))
+    url = f"http://127.0.0.1:{srv.port}/app.git"
+    try:
+        def clone(name: str, spec: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(["git", "clone", "-q", "--bare", f"--filter={spec}", url,
+                                     str(tmp_path / name)], env=git_env(git.home),
+                                    stderr=subprocess.PIPE)
+
+        def finish(procs: list[subprocess.Popen[bytes]]) -> None:
+            for p in procs:
+                _out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, err.decode(errors="replace")
+
+        finish([clone("first", "blob:none")])
+        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        for i in range(12):
+            finish([clone(f"seq{i}", "blob:none")])
+        assert _lookups(srv.port) == {"hit": 12, "miss": 1, "joined": 0, "bypass": 0}
+        finish([clone(f"storm{i}", "tree:0") for i in range(8)])
+        got = _lookups(srv.port)
+        assert got["miss"] == 2 and got["hit"] + got["joined"] == 19 and got["bypass"] == 0
+        assert _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""] > generated
+        ref = tmp_path / "file-blobless"
+        git.run("clone", "-q", "--bare", "--no-local", "--filter=blob:none",
+                f"file://{workers_root / 'app.git'}", str(ref))
+        for name in ("first", "seq11", "storm0", "storm7"):
+            fsck(git, tmp_path / name)
+        assert repo_state(git, tmp_path / "seq11") == repo_state(git, ref)
+    finally:
+        srv.stop()
