@@ -294,3 +294,65 @@ def test_pack_cache_is_shared_one_producer_per_key(
         assert repo_state(git, tmp_path / "seq11") == repo_state(git, ref)
     finally:
         srv.stop()
+
+
+def _claim_in_child(directory: str, key: bytes, publish: bool) -> tuple[int, int, int]:
+    """A forked process claims ``key`` and produces; returns (pid, read end told 'claimed',
+    write end that lets it finish): it publishes or dies without publishing."""
+    from gitspout.server.app import cacheshare
+
+    told_r, told_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            found = cacheshare.claim(directory, key)
+            os.write(told_w, found.kind.encode()[:1])
+            os.read(go_r, 1)
+            if publish:
+                with open(found.part, "wb") as fh:
+                    fh.write(b"PACK" + bytes(20))
+                cacheshare.publish(directory, key, found.part,
+                                   {"size": 24, "objects": 0, "progress": [[0, b"x".hex()]]})
+                cacheshare.release(found.lock)
+                code = 0
+        finally:
+            os._exit(code)  # without publish: dies holding the lock, as a killed worker
+    os.close(told_w)
+    os.close(go_r)
+    return pid, told_r, go_w
+
+
+@pytest.mark.parametrize("publish", [True, False])
+def test_one_producer_per_key_across_processes(tmp_path: Path, publish: bool) -> None:
+    """The claim protocol between two processes: the second waits while the first holds
+    the key; it then adopts what the first published, or learns it died (None)."""
+    import asyncio
+
+    from gitspout.server.app import cacheshare
+
+    key = bytes(range(32))
+    pid, told, go = _claim_in_child(str(tmp_path), key, publish)
+    assert os.read(told, 1) == b"p"  # the child is the producer
+    assert cacheshare.claim(str(tmp_path), key).kind == "wait"
+    keepalives: list[int] = []
+
+    async def wait() -> dict[str, object] | None:
+        async def keepalive() -> None:
+            keepalives.append(1)
+            if len(keepalives) == 2:
+                os.write(go, b"x")  # let the producer finish only once we have waited
+        return await cacheshare.wait_for_producer(str(tmp_path), key, 0.05, keepalive)
+
+    meta = asyncio.run(wait())
+    os.waitpid(pid, 0)
+    assert len(keepalives) >= 2
+    if publish:
+        assert meta == {"size": 24, "objects": 0, "progress": [[0, "78"]]}
+        assert cacheshare.claim(str(tmp_path), key).kind == "adopt"
+    else:
+        assert meta is None
+        again = cacheshare.claim(str(tmp_path), key)  # the dead producer's lock is free
+        assert again.kind == "produce" and os.path.getsize(again.part) == 0
+        cacheshare.release(again.lock)
