@@ -198,7 +198,7 @@ def test_bad_workers_setting_is_refused(workers_root: Path, value: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
                            "--root", str(workers_root), "--port", "0", "--workers", value],
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "workers" in proc.stderr
+    assert proc.returncode == 2 and "workers must be" in proc.stderr, proc.stderr
 
 
 def test_auto_counts_affinity_and_cgroup_quota(tmp_path: Path) -> None:
