@@ -15,7 +15,8 @@ A worker that misses in its own index *claims* the key: a complete pack is adopt
 an exclusive lock taken makes it the producer; a lock held elsewhere makes it wait (with
 keepalives to its client) for a shared lock, and then adopt the pack, or, if the producer
 died or gave up (no ``KEY.pack``), send the pack from its own stream. The producer's
-worker counts the file in its ``--pack-cache-size`` share and evicts it (its TTL, its cap);
+worker counts the file in its ``--pack-cache-size`` share and evicts it (its TTL, its cap;
+the master removes a dead worker's: :func:`forget_producer`);
 an adopting worker keeps only an index entry, never removes the file, and a reader that
 finds it gone goes on without the cache (packcache.py).
 """
@@ -31,7 +32,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Claim", "claim", "publish", "release", "wait_for_producer", "pack_path"]
+__all__ = ["Claim", "claim", "publish", "release", "wait_for_producer", "pack_path",
+           "forget_producer"]
 
 POLL = 0.02  # seconds between two tries of the shared lock while another worker produces
 
@@ -124,6 +126,27 @@ def unpublish(path: str) -> None:
                 os.unlink(p)
             except OSError:
                 pass
+
+
+def forget_producer(directory: str, pid: int) -> int:
+    """A worker died: the packs it published go (nobody else would ever evict them);
+    readers that have them open keep reading. How many."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".meta")]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as fh:
+                owner = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if owner == pid:
+            unpublish(path[:-len(".meta")] + ".pack")
+            removed += 1
+    return removed
 
 
 async def wait_for_producer(directory: str, key: bytes, keepalive: float,

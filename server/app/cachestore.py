@@ -193,7 +193,7 @@ class CacheStore:
         try:
             if entry.verbatim is None and entry.listed and entry.done:
                 entry.path = cacheshare.publish(self.directory, entry.key, entry.path, {
-                    "size": entry.size, "objects": entry.objects,
+                    "size": entry.size, "objects": entry.objects, "pid": os.getpid(),
                     "progress": [[o, t.hex()] for o, t in entry.progress]})
         except OSError as exc:
             log.warning("pack cache: cannot publish %s: %s", entry.path, exc)

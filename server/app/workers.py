@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .cachedir import make_directory, reclaim_orphans
+from .cacheshare import forget_producer
 from .config import Config, ConfigError
 
 __all__ = ["WorkerLink", "Master", "usable_cpus", "resolve_workers", "worker_config",
@@ -277,6 +278,8 @@ class Master:
             if child is None:
                 continue
             forget_worker(self.directory, pid)
+            if self.cache_dir:
+                forget_producer(self.cache_dir, pid)
             if self.stopping:
                 log.info("worker %d (pid %d) stopped: %s", child.index, pid, _how(status))
                 continue

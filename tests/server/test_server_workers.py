@@ -292,8 +292,31 @@ def test_pack_cache_is_shared_one_producer_per_key(
         for name in ("first", "seq11", "storm0", "storm7"):
             fsck(git, tmp_path / name)
         assert repo_state(git, tmp_path / "seq11") == repo_state(git, ref)
+        # A producer killed: the master removes what it published (nobody else evicts it).
+        [shared] = (tmp_path / "cache").glob("gitspout-packcache-*")
+        owners = _owners(shared)
+        assert len(owners) == 2 and set(owners.values()) <= _children(srv.proc.pid)
+        victim = owners[next(iter(owners))]
+        os.kill(victim, signal.SIGKILL)
+        poll(lambda: victim not in _owners(shared).values(), 20, "the dead worker's packs gone")
+        assert len(list(shared.glob("*.pack"))) == len(_owners(shared)) < 2
+        finish([clone("after", "blob:none"), clone("after2", "tree:0")])
+        fsck(git, tmp_path / "after")
     finally:
         srv.stop()
+
+
+def _owners(directory: Path) -> dict[str, int]:
+    """The published packs of a shared cache directory and the pid of their producer."""
+    import json
+
+    out = {}
+    for meta in directory.glob("*.meta"):
+        try:
+            out[meta.stem] = json.loads(meta.read_text())["pid"]
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _claim_in_child(directory: str, key: bytes, publish: bool) -> tuple[int, int, int]:
