@@ -12,6 +12,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -379,3 +380,29 @@ def test_one_producer_per_key_across_processes(tmp_path: Path, publish: bool) ->
         again = cacheshare.claim(str(tmp_path), key)  # the dead producer's lock is free
         assert again.kind == "produce" and os.path.getsize(again.part) == 0
         cacheshare.release(again.lock)
+
+
+def test_metrics_port_answers_for_every_worker(workers_root: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mport = s.getsockname()[1]
+    srv = _start(workers_root, ("--metrics-port", str(mport), "--no-public-metrics"))
+    try:
+        for _ in range(30):
+            assert request(srv.port, "GET", INFO_REFS).status == 200
+        assert request(srv.port, "GET", "/metrics").status == 404
+        assert _info_refs_total(mport) == 30
+        assert _samples(mport, "gitspout_workers")['{state="answered"}'] == 2
+    finally:
+        srv.stop()
+
+
+def test_port_in_use_stops_the_master(workers_root: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
+                               "--root", str(workers_root), "--port", str(port),
+                               "--workers", "2"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
