@@ -136,7 +136,7 @@ def test_sigterm_drains_every_worker(workers_root: Path, git: Git, tmp_path: Pat
     pids = _children(srv.proc.pid)
     proxies, clones = [], []
     try:
-        for i in range(6):  # six connections: both workers get some (asserted below)
+        for i in range(6):  # six connections, hashed over the two workers
             proxy = SlowProxy("127.0.0.1", srv.port, 4 << 20)
             proxies.append(proxy)
             clones.append(subprocess.Popen(
@@ -150,7 +150,9 @@ def test_sigterm_drains_every_worker(workers_root: Path, git: Git, tmp_path: Pat
         assert srv.proc.wait(timeout=60) == 0
         lines = srv.wait_for_lines("requests in flight, up to", 2)
         in_flight = [int(re.search(r"draining: (\d+) requests", x).group(1)) for x in lines]
-        assert sum(in_flight) == 6 and all(in_flight), in_flight  # both workers drained some
+        # Every clone was in flight in one of the two drains (the kernel's hash may put
+        # all six on one worker: about 1 run in 32).
+        assert len(in_flight) == 2 and sum(in_flight) == 6, in_flight
         srv.wait_for_lines(") drained", 2)
         srv.wait_for_line("all 2 workers stopped")
         assert not any(os.path.exists(f"/proc/{p}") for p in pids)
