@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from . import cacheshare
 from .cachedir import make_directory, reclaim_orphans
 
 __all__ = ["CacheStore", "CacheEntry", "CacheWriteError", "PackCacheLimits", "PackCacheStats",
@@ -40,6 +41,7 @@ class PackCacheLimits:
     directory: str = ""
     ttl: float = 600.0
     on: str = "first"
+    shared: str = ""  # --workers: the master's directory, shared by its workers (cacheshare.py)
 
 
 class CacheWriteError(Exception):
@@ -65,6 +67,8 @@ class CacheEntry:
     verbatim: tuple[object, ...] | None = None  # the key of a pack sent whole: no file bytes
     readers: int = 0
     listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
+    lock: int = -1  # a shared directory's producer: its flock until published (cacheshare.py)
+    owned: bool = True  # False: adopted from another worker, whose file and bytes it is
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def wake(self) -> None:
@@ -106,7 +110,11 @@ class CacheStore:
         # this process lives, so that a server started after a crash (an OOM kill keeps
         # the emptyDir) removes it.
         self.base = base
-        self.directory, self._lock = make_directory(base)
+        self.shared = bool(limits.shared)
+        if self.shared:  # the master's, locked and removed by it
+            self.directory, self._lock = limits.shared, -1
+        else:
+            self.directory, self._lock = make_directory(base)
         self.max_bytes = limits.size
         self.ttl = limits.ttl
         self.second = limits.on == "second"
@@ -135,12 +143,63 @@ class CacheStore:
             result, entry = "bypass", None
         elif now - self.write_failed_at < WRITE_COOLDOWN:
             result, entry = "bypass", None
+        elif self.shared:
+            self.seen.pop(key, None)
+            entry, result = self._claim(key, repo, now)
         else:
             self.seen.pop(key, None)
             entry = self._create(key, repo, now)
             result = "miss" if entry is not None else "bypass"
-        self.stats.lookups[result] += 1
+        self.stats.lookups["joined" if result == "remote" else result] += 1
         return entry, result
+
+    def _claim(self, key: bytes, repo: str, now: float) -> tuple[CacheEntry | None, str]:
+        """A shared directory's lookup past our own index (cacheshare.py): ``hit`` (a
+        pack another worker completed), ``miss`` (ours to produce) or ``remote`` (another
+        worker produces it: the caller waits for it)."""
+        try:
+            found = cacheshare.claim(self.directory, key)
+        except OSError as exc:
+            log.warning("pack cache: cannot claim %s in %s: %s", key.hex()[:40],
+                        self.directory, exc)
+            return None, "bypass"
+        if found.kind == "wait":
+            return None, "remote"
+        if found.kind == "adopt" and found.meta is not None:
+            return self.adopt(key, repo, found.meta, now), "hit"
+        entry = self.entries[key] = CacheEntry(key, found.part, repo, now, lock=found.lock)
+        return entry, "miss"
+
+    def adopt(self, key: bytes, repo: str, meta: dict[str, object],
+              now: float | None = None) -> CacheEntry:
+        """An index entry for a pack another worker completed (its file and bytes stay
+        that worker's)."""
+        now = time.monotonic() if now is None else now
+        progress = meta.get("progress")
+        entry = CacheEntry(key, cacheshare.pack_path(self.directory, key), repo, now,
+                           size=int(str(meta["size"])), objects=int(str(meta["objects"])),
+                           progress=[(int(o), bytes.fromhex(t)) for o, t in
+                                     (progress if isinstance(progress, list) else [])],
+                           done=True, completed=now, owned=False)
+        self.entries[key] = entry
+        return entry
+
+    def completed(self, entry: CacheEntry) -> None:
+        """Its producer is done: in a shared directory, publish the pack for the other
+        workers (a whole pack named by the entry is not published: each decides again)
+        and let the lock go."""
+        if entry.lock < 0:
+            return
+        try:
+            if entry.verbatim is None and entry.listed and entry.done:
+                entry.path = cacheshare.publish(self.directory, entry.key, entry.path, {
+                    "size": entry.size, "objects": entry.objects, "pid": os.getpid(),
+                    "progress": [[o, t.hex()] for o, t in entry.progress]})
+        except OSError as exc:
+            log.warning("pack cache: cannot publish %s: %s", entry.path, exc)
+        finally:
+            cacheshare.release(entry.lock)
+            entry.lock = -1
 
     def _remember(self, key: bytes, keys: OrderedDict[bytes, None] | None = None) -> None:
         """Note ``key`` in ``keys`` (``seen`` unless told), the last SEEN_KEYS of them."""
@@ -165,6 +224,8 @@ class CacheStore:
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileNotFoundError:  # removed under us (a temp dir cleaner): a new one
+                if self.shared:
+                    raise
                 self._replace_directory()
                 path = os.path.join(self.directory, os.path.basename(path))
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -193,15 +254,22 @@ class CacheStore:
         entry.listed = False
         if self.entries.get(entry.key) is entry:
             del self.entries[entry.key]
-        self.bytes -= entry.size
         if reason is not None:
             self.stats.evictions[reason] += 1
         if reason in ("ttl", "size"):
             self._remember(entry.key)  # it was asked for: the next request caches it again
-        try:
-            os.unlink(entry.path)
-        except OSError:
-            pass
+        if not entry.owned:
+            return  # another worker's file
+        self.bytes -= entry.size
+        if self.shared:
+            cacheshare.unpublish(entry.path)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+        cacheshare.release(entry.lock)  # after the unlink: a waiter then finds no pack
+        entry.lock = -1
 
     def discard(self, entry: CacheEntry) -> None:
         """Forget an entry that cannot be read (its producer, if any, fails it)."""
@@ -229,7 +297,7 @@ class CacheStore:
             return
         for pick in (lambda e: e.done and not e.readers, lambda e: e.done,
                      lambda e: e is not entry, lambda e: True):
-            for victim in [e for e in self.entries.values() if pick(e)]:
+            for victim in [e for e in self.entries.values() if e.owned and pick(e)]:
                 if self.bytes <= self.max_bytes:
                     return
                 self.drop(victim, "size")
@@ -238,7 +306,8 @@ class CacheStore:
         """Shutdown: forget every entry and remove the directory."""
         for entry in list(self.entries.values()):
             self.drop(entry, None)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self.shared:
+            shutil.rmtree(self.directory, ignore_errors=True)
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1

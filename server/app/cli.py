@@ -9,6 +9,7 @@ import asyncio
 import gc
 import getpass
 import logging
+import os
 import resource
 import socket
 import sys
@@ -30,6 +31,8 @@ from .logtext import STARTUP, install_logging
 from .memory import fix_mmap_threshold
 from .signals import Signals, ignore_hangup
 from .state import ServerState
+from .workers import READY_SIGNAL, WorkerLink, resolve_workers, start_master
+from .workerstats import WorkerStats
 
 __all__ = ["main", "serve", "StartupError"]
 
@@ -58,13 +61,15 @@ GIL_SWITCH_INTERVAL = 0.001
 GC_THRESHOLDS = (50_000, 20, 10)
 
 
-async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
-    """Run the server until SIGINT, SIGTERM or SIGQUIT (signals.py)."""
+async def serve(cfg: Config, ready: asyncio.Event | None = None,
+                link: WorkerLink | None = None) -> None:
+    """Run the server until SIGINT, SIGTERM or SIGQUIT (signals.py); as one of the
+    workers of ``link``'s master with ``--workers`` (workers.py)."""
     install_log_filter()
     # Signals first: a SIGTERM while the server starts drains it like any other (the
     # default action would kill it without removing its pack-cache directory).
     signals = Signals(asyncio.get_running_loop(), cfg)
-    state = ServerState.create(cfg)
+    state = ServerState.create(cfg, link.cache_dir if link is not None else "")
     signals.state = state
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []
@@ -86,6 +91,7 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         check_descriptor_limit(state.budgets.open_files, limits.max_connections)
         # A runner whose listen failed was cleaned up by _listen_or_explain.
         listeners.append(await _listen_or_explain(runner, guard, cfg.host, cfg.port,
+                                                  reuse_port=link is not None,
                                                   **HANDLER_KWARGS))
         runners.append(runner)
         port = listeners[0].sockets[0].getsockname()[1]
@@ -94,13 +100,18 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
             metrics_guard = ConnectionGuard(replace(limits, max_connections=METRICS_CONNECTIONS),
                                             state.metrics.connections)
             guards.append(metrics_guard)
-            metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard)
+            metrics_runner, metrics_listener = await _metrics_site(state, cfg, metrics_guard,
+                                                                   link is not None)
             runners.append(metrics_runner)
             listeners.append(metrics_listener)
-            startup.info("metrics at %smetrics", _url(cfg.host, cfg.metrics_port))
-        elif not cfg.public_metrics:
+            if link is None or link.index == 0:
+                startup.info("metrics at %smetrics", _url(cfg.host, cfg.metrics_port))
+        elif not cfg.public_metrics and (link is None or link.index == 0):
             log.warning("--no-public-metrics without --metrics-port: /metrics is served nowhere")
-        startup.info("serving %s at %s", state.resolver.root, _url(cfg.host, port))
+        if link is None:
+            startup.info("serving %s at %s", state.resolver.root, _url(cfg.host, port))
+        else:
+            await _join_master(state, link)
         log.info("budgets: %s", state.budgets.describe())
         gc.freeze()
         serving = True
@@ -112,30 +123,44 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None) -> None:
         # failed was cleaned up already. A start that failed has nothing to drain.
         if serving:
             await drain(state, listeners, runners, guards, cfg.drain_timeout, signals.now)
+            if link is not None:
+                log.info("worker %d (pid %d) drained", link.index, os.getpid())
         else:
             for listener in listeners:
                 listener.close()
             for r in runners:
                 await r.cleanup()
+        if state.worker_stats is not None:
+            state.worker_stats.close()
+
+
+async def _join_master(state: ServerState, link: WorkerLink) -> None:
+    """A worker's listeners are up: serve its metrics to the others (that socket says it
+    is ready), tell the master, and fail readiness once the master is gone."""
+    stats = state.worker_stats = WorkerStats(link, state.metrics.scrape)
+    await stats.start()
+    if state.health is not None:
+        state.health.master_alive = link.master_alive
+    os.kill(link.master_pid, READY_SIGNAL)
 
 
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-async def _metrics_site(state: ServerState, cfg: Config,
-                        guard: ConnectionGuard) -> tuple[web.AppRunner, asyncio.Server]:
+async def _metrics_site(state: ServerState, cfg: Config, guard: ConnectionGuard,
+                        reuse_port: bool) -> tuple[web.AppRunner, asyncio.Server]:
     """A second listener that serves only /metrics (``--metrics-port``)."""
     app = web.Application()
 
     async def metrics(_request: web.Request) -> web.Response:
-        return metrics_response(state)
+        return await metrics_response(state)
 
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     return runner, await _listen_or_explain(runner, guard, cfg.host, cfg.metrics_port,
-                                            access_log=None)
+                                            reuse_port=reuse_port, access_log=None)
 
 
 async def _listen_or_explain(runner: web.BaseRunner, guard: ConnectionGuard, host: str,
@@ -145,11 +170,15 @@ async def _listen_or_explain(runner: web.BaseRunner, guard: ConnectionGuard, hos
     try:
         return await listen(runner, guard, host, port, **kwargs)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        if isinstance(exc, socket.gaierror):
-            reason = f"unknown host ({reason})"
         await runner.cleanup()
-        raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
+        raise StartupError(_cannot_listen(host, port, exc)) from None
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror):
+        reason = f"unknown host ({reason})"
+    return f"cannot listen on {host}:{port}: {reason}"
 
 
 def raise_descriptor_limit() -> tuple[int, int]:
@@ -254,9 +283,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     fix_mmap_threshold()  # memory.py: large blocks go back to the system when freed
     gc.set_threshold(*GC_THRESHOLDS)
     try:
+        workers = resolve_workers(cfg.workers)
+        if workers > 1:
+            return start_master(cfg, workers, _run_worker, _url)
         uvloop.run(serve(cfg))
+    except ConfigError as exc:
+        print(f"gitspout: {exc}", file=sys.stderr)
+        return 2
     except StartupError as exc:
         print(f"gitspout: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the master could not reserve the address
+        print(f"gitspout: {_cannot_listen(cfg.host, cfg.port, exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_worker(cfg: Config, link: WorkerLink) -> int:
+    """One worker, in the child the master forked: its exit status."""
+    try:
+        uvloop.run(serve(cfg, link=link))
+    except StartupError as exc:
+        print(f"gitspout: worker {link.index}: {exc}", file=sys.stderr)
         return 1
     return 0
 

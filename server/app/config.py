@@ -281,6 +281,15 @@ class Config:
                           "suffixes KiB, MiB, GiB accepted", "size": True, "group": "limits"},
     )
 
+    # Workers (server/app/workers.py; README "Scaling").
+    workers: str = field(
+        default="1",
+        metadata={"help": "worker processes serving the port (SO_REUSEPORT), each using "
+                          "about one core; 'auto': the CPUs this process may use (affinity "
+                          "and cgroup CPU quota). Memory, disk, connection and pack-slot "
+                          "budgets are split between them", "group": "listening"},
+    )
+
     # Drain and health (server/app/health.py; docs/ARCHITECTURE.md "Drain and health").
     drain_timeout: float = field(
         default=30.0,
@@ -405,6 +414,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
                 raise ValueError(value)
             proxy_networks(value)
             return value
+        if name == "workers" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)  # TOML `workers = 2`
         if value is not None and not isinstance(value, str):
             raise ValueError(value)  # TOML `host = 5`, `metrics_repos = ["a"]`
         return value
@@ -530,6 +541,9 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"log_format must be 'text' or 'json', not {cfg.log_format!r}")
     _validate_pack_cache(cfg)
     _validate_bundles(cfg)
+    text = cfg.workers.strip().lower()
+    if text != "auto" and not (text.isdigit() and 1 <= int(text) <= 256):
+        raise ConfigError(f"workers must be 'auto' or a number from 1 to 256, not {cfg.workers!r}")
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 

@@ -324,12 +324,14 @@ class GuardedHandler(RequestHandler):
 
 
 async def listen(runner: web.BaseRunner, guard: ConnectionGuard, host: str, port: int,
-                 **handler_kwargs: Any) -> asyncio.Server:
+                 reuse_port: bool = False, **handler_kwargs: Any) -> asyncio.Server:
     """Listen on ``host:port`` for ``runner``'s application, each connection a
-    :class:`GuardedHandler` (aiohttp's TCPSite would make plain ones)."""
+    :class:`GuardedHandler` (aiohttp's TCPSite would make plain ones); ``reuse_port``
+    for a worker sharing the port with the others (workers.py)."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(guard.protocol_factory(runner, **handler_kwargs),
-                                    host, port, reuse_address=True, backlog=128)
+                                    host, port, reuse_address=True, backlog=128,
+                                    reuse_port=reuse_port or None)
 
 
 def describe_bad_request(exc: HttpProcessingError) -> str:

@@ -1,8 +1,10 @@
 """Liveness and readiness (docs/ARCHITECTURE.md "Drain and health").
 
 ``/healthz`` answers 200 while the event loop runs: it touches no file. ``/readyz`` answers
-503 while the server drains (after SIGTERM) and while the repository root cannot be read,
-200 otherwise. Neither is counted as a git request in the metrics.
+503 while the server drains (after SIGTERM), while the repository root cannot be read and,
+in a worker (``--workers``), once its master is gone; 200 otherwise. With ``--workers`` a
+probe reaches one worker, as any connection does: a worker that cannot answer is one whose
+connections fail, and the master restarts it. Neither is counted as a git request in the metrics.
 
 The root check runs in a thread of its own, never on the event loop nor in the work pool:
 a stat of a hung NFS mount can block for minutes, and such a thread would be lost to
@@ -19,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from aiohttp import web
@@ -96,6 +99,9 @@ class Health:
     def __init__(self, root_check: RootCheck) -> None:
         self.root_check = root_check
         self.draining = False
+        # A worker (--workers, workers.py) whose master is gone is not ready: nobody
+        # restarts it, and it is about to drain (it gets SIGTERM when its master dies).
+        self.master_alive: Callable[[], bool] | None = None
 
     async def respond(self, request: web.Request) -> web.Response:
         """The answer to a probe path (GET or HEAD)."""
@@ -105,7 +111,12 @@ class Health:
             return resp
         if request.path == "/healthz":
             return web.Response(status=200, text="ok\n", headers=NO_CACHE)
-        why = "draining" if self.draining else await self.root_check.verdict()
+        if self.draining:
+            why: str | None = "draining"
+        elif self.master_alive is not None and not self.master_alive():
+            why = "the master process is gone"
+        else:
+            why = await self.root_check.verdict()
         if why is None:
             return web.Response(status=200, text="ready\n", headers=NO_CACHE)
         return web.Response(status=503, text=f"not ready: {why}\n", headers=NO_CACHE)

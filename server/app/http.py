@@ -96,7 +96,7 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             if request.method not in ("GET", "HEAD"):
                 return web.Response(status=405, text="method not allowed\n",
                                     headers={"Allow": "GET, HEAD"})
-            return metrics_response(state)
+            return await metrics_response(state)
         if request.path in PROBE_PATHS and state.health is not None:
             return await state.health.respond(request)  # not a git request: not counted
         return await _git_request(state, request, forwarding)
@@ -128,8 +128,10 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     return app
 
 
-def metrics_response(state: ServerState) -> web.Response:
-    body = state.metrics.scrape()
+async def metrics_response(state: ServerState) -> web.Response:
+    """This process's metrics, or with ``--workers`` every worker's (workerstats.py)."""
+    stats = state.worker_stats
+    body = state.metrics.scrape() if stats is None else await stats.aggregate()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

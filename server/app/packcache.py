@@ -46,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..packgen import PackStats, PackStream, Progress
 from ..store.faults import FaultCounts
+from .cacheshare import wait_for_producer
 from .cachestore import WRITE_COOLDOWN, CacheEntry, CacheStore, CacheWriteError, PackCacheLimits
 from .errors import answer_for
 from .scope import HeldExecutor
@@ -105,6 +106,10 @@ class PackCache:
         key = await loop.run_in_executor(executor, stream.key)
         store = self.store
         entry, result = store.lookup(key, repo)
+        if result == "remote":  # another worker produces it (cacheshare.py)
+            meta = await wait_for_producer(store.directory, key, keepalive, writer.keepalive)
+            if meta is not None:
+                entry, result = store.adopt(key, repo, meta), "joined"
         if entry is None:
             sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
             sent.cache = result
@@ -171,6 +176,7 @@ class PackCache:
                     entry.verbatim, entry.objects = whole.key, stream.stats.objects
                     entry.done = True
                     entry.completed = time.monotonic()
+                    store.completed(entry)  # not published: each worker decides again
                     if not large:
                         store.drop(entry, None)  # the next request decides again
                     return
@@ -181,6 +187,7 @@ class PackCache:
                         entry.done = True
                         entry.completed = time.monotonic()
                         entry.objects = stream.stats.objects
+                        store.completed(entry)  # published for the other workers
                     elif isinstance(item, Progress):
                         entry.progress.append((entry.size, item.text))
                     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ..core.context import RequestContext
@@ -30,6 +30,7 @@ from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector
 from .pool import WorkPool
 from .scope import RequestScope
+from .workerstats import WorkerStats
 
 __all__ = ["ServerState"]
 
@@ -66,11 +67,16 @@ class ServerState:
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
     offload: OffloadMetrics | None = None  # bundles and packfile URIs (bundles.py)
     bundles: BundleStore | None = None  # --bundles
+    worker_stats: WorkerStats | None = None  # --workers: /metrics over every worker
 
     @classmethod
-    def create(cls, cfg: Config) -> ServerState:
-        """Everything built once from the config; each budget handed to its enforcer."""
+    def create(cls, cfg: Config, shared_cache: str = "") -> ServerState:
+        """Everything built once from the config; each budget handed to its enforcer.
+        ``shared_cache``: the pack-cache directory a master shares among its workers."""
         budgets = Budgets.from_config(cfg)
+        if shared_cache:
+            budgets = replace(budgets, pack_cache=replace(budgets.pack_cache,
+                                                          shared=shared_cache))
         memory = budgets.memory
         pool = WorkPool(budgets.threads, per_key=budgets.threads_per_repo)
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]

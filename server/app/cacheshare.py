@@ -1,0 +1,173 @@
+"""One pack-cache directory shared by the workers of a master (``--workers``;
+docs/operations.md "Workers"): one producer per key across the processes, readers in any.
+
+A key's files in the shared directory:
+
+- ``KEY.lock``: the producer holds an exclusive ``flock`` on it while it writes. It is never
+  removed while the directory lives: a lock file unlinked and made again would let two
+  processes hold "the" lock on two inodes at once.
+- ``KEY.part``: the pack being written (read by the producer's own readers, in its process).
+- ``KEY.meta`` then ``KEY.pack``: written once complete, in this order and each atomically
+  (``rename``), so a ``KEY.pack`` always has its ``KEY.meta``: its size, object count and
+  the progress lines with their offsets, which every reader interleaves as its own.
+
+A worker that misses in its own index *claims* the key: a complete pack is adopted (a hit);
+an exclusive lock taken makes it the producer; a lock held elsewhere makes it wait (with
+keepalives to its client) for a shared lock, and then adopt the pack, or, if the producer
+died or gave up (no ``KEY.pack``), send the pack from its own stream. The producer's
+worker counts the file in its ``--pack-cache-size`` share and evicts it (its TTL, its cap;
+the master removes a dead worker's: :func:`forget_producer`);
+an adopting worker keeps only an index entry, never removes the file, and a reader that
+finds it gone goes on without the cache (packcache.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Claim", "claim", "publish", "release", "wait_for_producer", "pack_path",
+           "forget_producer"]
+
+POLL = 0.02  # seconds between two tries of the shared lock while another worker produces
+
+
+@dataclass
+class Claim:
+    """What a claim found: ``adopt`` (``meta`` of a complete pack), ``produce`` (``lock``
+    is this process's exclusive lock: write ``part``) or ``wait``."""
+
+    kind: str
+    part: str = ""
+    lock: int = -1
+    meta: dict[str, Any] | None = None
+
+
+def _base(directory: str, key: bytes) -> str:
+    return os.path.join(directory, key.hex()[:40])
+
+
+def pack_path(directory: str, key: bytes) -> str:
+    return _base(directory, key) + ".pack"
+
+
+def read_meta(directory: str, key: bytes) -> dict[str, Any] | None:
+    """The metadata of the complete pack of ``key``, or None when there is none."""
+    if not os.path.exists(pack_path(directory, key)):
+        return None
+    try:
+        with open(_base(directory, key) + ".meta") as fh:
+            meta: dict[str, Any] = json.load(fh)
+        return meta
+    except (OSError, ValueError):
+        return None
+
+
+def claim(directory: str, key: bytes) -> Claim:
+    """Adopt, produce or wait (module doc). OSError when the directory is unusable."""
+    meta = read_meta(directory, key)
+    if meta is not None:
+        return Claim("adopt", meta=meta)
+    base = _base(directory, key)
+    fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return Claim("wait")
+        raise
+    meta = read_meta(directory, key)  # completed between our look and our lock
+    if meta is not None:
+        os.close(fd)
+        return Claim("adopt", meta=meta)
+    part = base + ".part"
+    try:
+        try:
+            os.unlink(part)  # left by a producer that died: the lock is ours now
+        except FileNotFoundError:
+            pass
+        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        os.close(fd)
+        raise
+    return Claim("produce", part=part, lock=fd)
+
+
+def publish(directory: str, key: bytes, part: str, meta: dict[str, Any]) -> str:
+    """The producer is done: ``KEY.meta``, then ``KEY.pack``; the pack's new path."""
+    base = _base(directory, key)
+    tmp = f"{base}.meta.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(meta, fh)
+    os.replace(tmp, base + ".meta")
+    os.replace(part, base + ".pack")
+    return base + ".pack"
+
+
+def release(lock: int) -> None:
+    """The producer's lock goes (closing the descriptor releases the flock)."""
+    if lock >= 0:
+        os.close(lock)
+
+
+def unpublish(path: str) -> None:
+    """An evicted pack: its ``.pack`` (or ``.part``) and its ``.meta`` go."""
+    root, _ext = os.path.splitext(path)
+    for p in (root + ".pack", root + ".meta", root + ".part"):
+        if p == path or p.endswith(".meta"):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def forget_producer(directory: str, pid: int) -> int:
+    """A worker died: the packs it published go (nobody else would ever evict them);
+    readers that have them open keep reading. How many."""
+    removed = 0
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".meta")]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as fh:
+                owner = json.load(fh).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if owner == pid:
+            unpublish(path[:-len(".meta")] + ".pack")
+            removed += 1
+    return removed
+
+
+async def wait_for_producer(directory: str, key: bytes, keepalive: float,
+                            send_keepalive: Callable[[], Awaitable[None]]) -> dict[str, Any] | None:
+    """Wait until the producer in another worker lets its lock go, sending a keepalive
+    every ``keepalive`` seconds; the metadata of the pack it completed, or None (it died
+    or gave up: the caller sends the pack itself)."""
+    fd = os.open(_base(directory, key) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            if keepalive > 0 and loop.time() - quiet_since >= keepalive:
+                await send_keepalive()
+                quiet_since = loop.time()
+            await asyncio.sleep(POLL)
+    finally:
+        os.close(fd)
+    return read_meta(directory, key)

@@ -1,0 +1,410 @@
+"""``--workers N`` (issue 28; server/app/workers.py, workerstats.py, README "Scaling").
+
+A live master with two workers on 127.0.0.1: connections spread over both (SO_REUSEPORT),
+real clones fsck-clean and equal to ``file://``, /metrics counting every request once over
+the workers, a worker killed with SIGKILL restarted while the other serves, SIGTERM
+draining every worker, SIGHUP reaching every worker, workers leaving with their master.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
+from netnskit import SlowProxy
+from rawhttp import request
+
+BLOB = 6 << 20  # a clone through SlowProxy at 4 MiB/s is in flight for about a second
+INFO_REFS = "/app.git/info/refs?service=git-upload-pack"
+
+
+@pytest.fixture(scope="module")
+def workers_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
+    root = tmp_path_factory.mktemp("workersroot")
+    work = root.parent / f"{root.name}-work"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    c.commit({"big.bin": random.Random(28).randbytes(BLOB)}, "big")
+    for i in range(5):
+        c.commit({f"f{i}.txt": f"line {i}\n" * (i + 1)}, f"commit {i}")
+    git.run("tag", "v1", cwd=work)
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "app.git"))
+    git.run("config", "uploadpack.allowFilter", "true", cwd=root / "app.git")
+    return root
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return {int(p) for p in fh.read().split()}
+    except OSError:
+        return set()
+
+
+def _samples(port: int, name: str) -> dict[str, float]:
+    """Every sample of ``name`` in /metrics, by its label text."""
+    resp = request(port, "GET", "/metrics")
+    assert resp.status == 200
+    out = {}
+    for line in resp.text.splitlines():
+        m = re.match(rf"{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def _info_refs_total(port: int) -> float:
+    return sum(v for k, v in _samples(port, "gitspout_requests_total").items()
+               if 'command="info-refs"' in k)
+
+
+def _ready(port: int) -> float:
+    return _samples(port, "gitspout_workers").get('{state="ready"}', 0)
+
+
+def _start(root: Path, extra: tuple[str, ...] = ()) -> LiveServer:
+    srv = start_server(root, ["--workers", "2", *extra])
+    assert len(_children(srv.proc.pid)) == 2
+    return srv
+
+
+def _clone_equal(git: Git, srv: LiveServer, tmp: Path, name: str) -> None:
+    """A real clone over HTTP, fsck-clean and equal to a ``file://`` clone."""
+    dest, ref = tmp / name, tmp / f"{name}-file"
+    git.run("clone", "-q", "--bare", f"http://127.0.0.1:{srv.port}/app.git", str(dest))
+    git.run("clone", "-q", "--bare", "--no-local", f"file://{srv.root / 'app.git'}", str(ref))
+    fsck(git, dest)
+    assert repo_state(git, dest) == repo_state(git, ref)
+
+
+def test_requests_spread_over_workers_and_counted_once(
+        workers_root: Path, git: Git, tmp_path: Path) -> None:
+    srv = _start(workers_root)
+    try:
+        before = _info_refs_total(srv.port)
+        n = 60
+        for _ in range(n):  # a new connection each: the kernel hashes each to a worker
+            assert request(srv.port, "GET", INFO_REFS).status == 200
+        assert _info_refs_total(srv.port) == before + n  # neither lost nor double-counted
+        per = _samples(srv.port, "gitspout_worker_requests_total")
+        assert len(per) == 2 and all(v > 0 for v in per.values()), per
+        assert {f'{{pid="{p}"}}' for p in _children(srv.proc.pid)} == set(per)
+        _clone_equal(git, srv, tmp_path, "c1")
+        resp = request(srv.port, "GET", "/readyz")
+        assert resp.status == 200
+    finally:
+        srv.stop()
+
+
+def test_killed_worker_is_restarted_and_its_counts_kept(
+        workers_root: Path, git: Git, tmp_path: Path) -> None:
+    srv = _start(workers_root)
+    try:
+        for _ in range(20):
+            assert request(srv.port, "GET", INFO_REFS).status == 200
+        seen = _info_refs_total(srv.port)  # a scrape: what Prometheus has seen
+        assert seen == 20
+        old = _children(srv.proc.pid)
+        victim = min(old)
+        os.kill(victim, signal.SIGKILL)
+        srv.wait_for_line(f"(pid {victim}) killed by SIGKILL", 10)
+        new = poll(lambda: _children(srv.proc.pid) - old if len(_children(srv.proc.pid)) == 2
+                   else set(), 20, "a new worker")
+        assert len(new) == 1 and victim not in _children(srv.proc.pid)
+        assert poll(lambda: _ready(srv.port) == 2, 20, "two ready workers")
+        assert _samples(srv.port, "gitspout_worker_restarts_total") == {"": 1}
+        assert _info_refs_total(srv.port) == seen  # the dead worker's scraped counts stay
+        for _ in range(10):
+            assert request(srv.port, "GET", INFO_REFS).status == 200
+        assert _info_refs_total(srv.port) == seen + 10
+        _clone_equal(git, srv, tmp_path, "after-kill")
+    finally:
+        srv.stop()
+
+
+def test_sigterm_drains_every_worker(workers_root: Path, git: Git, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    srv = _start(workers_root, ("--pack-cache-dir", str(cache), "--drain-timeout", "60"))
+    pids = _children(srv.proc.pid)
+    proxies, clones = [], []
+    try:
+        for i in range(6):  # six connections, hashed over the two workers
+            proxy = SlowProxy("127.0.0.1", srv.port, 4 << 20)
+            proxies.append(proxy)
+            clones.append(subprocess.Popen(
+                ["git", "clone", "-q", "--bare", f"http://127.0.0.1:{proxy.port}/app.git",
+                 str(tmp_path / f"slow{i}")], env=git_env(git.home), stderr=subprocess.PIPE))
+        poll(lambda: all(p.relayed >= 256 << 10 for p in proxies), 60, "packs in flight")
+        srv.proc.send_signal(signal.SIGTERM)
+        for clone in clones:
+            _out, err = clone.communicate(timeout=120)
+            assert clone.returncode == 0, err.decode(errors="replace")
+        assert srv.proc.wait(timeout=60) == 0
+        lines = srv.wait_for_lines("requests in flight, up to", 2)
+        in_flight = [int(re.search(r"draining: (\d+) requests", x).group(1)) for x in lines]
+        # Every clone was in flight in one of the two drains (the kernel's hash may put
+        # all six on one worker: about 1 run in 32).
+        assert len(in_flight) == 2 and sum(in_flight) == 6, in_flight
+        srv.wait_for_lines(") drained", 2)
+        srv.wait_for_line("all 2 workers stopped")
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+        assert not list(cache.glob("gitspout-packcache-*"))
+    finally:
+        for clone in clones:
+            clone.kill()
+        for proxy in proxies:
+            proxy.close()
+        srv.stop()
+    for i in range(6):
+        fsck(git, tmp_path / f"slow{i}")
+
+
+def test_sighup_reaches_every_worker(workers_root: Path, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.toml"
+    auth.write_text('[[access]]\nrepos = ["*"]\nanonymous = true\n')
+    srv = _start(workers_root, ("--auth-file", str(auth)))
+    try:
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.wait_for_lines("SIGHUP: reloaded the auth file", 2, 10)
+        assert srv.alive() and request(srv.port, "GET", INFO_REFS).status == 200
+    finally:
+        srv.stop()
+
+
+def test_workers_leave_with_their_master(workers_root: Path) -> None:
+    srv = _start(workers_root)
+    pids = _children(srv.proc.pid)
+    srv.proc.kill()
+    srv.proc.wait(timeout=10)
+    poll(lambda: all(_gone(p) for p in pids), 60, "workers gone with their master")
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie left to whoever reaps orphans counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("value", ["0", "many", "257"])
+def test_bad_workers_setting_is_refused(workers_root: Path, value: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
+                           "--root", str(workers_root), "--port", "0", "--workers", value],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "workers must be" in proc.stderr, proc.stderr
+
+
+def test_auto_counts_affinity_and_cgroup_quota(tmp_path: Path) -> None:
+    from gitspout.server.app.workers import usable_cpus
+
+    cpus = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    (v2 / "pod").mkdir(parents=True)
+    (tmp_path / "self2").write_text("0::/pod\n")
+    (v2 / "cpu.max").write_text("max 100000\n")
+    (v2 / "pod" / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(str(v2), str(tmp_path / "self2")) == cpus
+    (v2 / "cpu.max").write_text("50000 100000\n")  # an ancestor's quota counts too
+    assert usable_cpus(str(v2), str(tmp_path / "self2")) == 1
+    v1 = tmp_path / "v1" / "cpu,cpuacct" / "kube"
+    v1.mkdir(parents=True)
+    (tmp_path / "self1").write_text("5:memory:/kube\n4:cpu,cpuacct:/kube\n")
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(str(tmp_path / "v1"), str(tmp_path / "self1")) == cpus
+    (v1 / "cpu.cfs_quota_us").write_text("80000\n")
+    assert usable_cpus(str(tmp_path / "v1"), str(tmp_path / "self1")) == 1
+
+
+def test_budgets_are_split_between_workers(workers_root: Path) -> None:
+    from gitspout.server.app.config import load_config
+    from gitspout.server.app.workers import worker_config
+
+    cfg = load_config({"root": str(workers_root), "cache_memory": "300MiB",
+                       "pack_cache_size": "1GiB", "max_connections": "1000", "max_packs": "3",
+                       "body_memory": "0"}, env={})
+    one = worker_config(cfg, 4, 1234, 0)
+    assert one.port == 1234
+    assert one.cache_memory * 4 == cfg.cache_memory and one.pack_cache_size * 4 == 1 << 30
+    assert one.max_connections == 250 and one.max_packs == 1 and one.body_memory == 0
+    assert one.max_open_packs == cfg.max_open_packs and one.threads == cfg.threads
+
+
+def test_merge_sums_counters_keeps_dead_counters_drops_dead_gauges() -> None:
+    from gitspout.server.app.workerstats import merge_expositions
+
+    def text(requests: int, conns: int, start: float) -> str:
+        return (f'# TYPE r_total counter\nr_total{{c="x"}} {requests}\n# TYPE g gauge\n'
+                f'g {conns}\n# TYPE process_start_time_seconds gauge\n'
+                f'process_start_time_seconds {start}\n# TYPE h histogram\n'
+                f'h_bucket{{le="1.0"}} {requests}\nh_bucket{{le="+Inf"}} {requests}\n'
+                f'h_count {requests}\nh_sum 1.5\n')
+    merged = {m.name: {(s.name, tuple(sorted(s.labels.items()))): s.value for s in m.samples}
+              for m in merge_expositions([text(3, 2, 100), text(4, 5, 90)], [text(7, 9, 50)])}
+    assert merged["r"] == {("r_total", (("c", "x"),)): 14}
+    assert merged["g"] == {("g", ()): 7}
+    assert merged["process_start_time_seconds"] == {("process_start_time_seconds", ()): 90}
+    assert merged["h"][("h_count", ())] == 14 and merged["h"][("h_sum", ())] == 4.5
+    assert merged["h"][("h_bucket", (("le", "+Inf"),))] == 14
+
+
+def _lookups(port: int) -> dict[str, float]:
+    return {re.search(r'result="(\w+)"', k).group(1): v
+            for k, v in _samples(port, "gitspout_pack_cache_lookups_total").items()}
+
+
+def test_pack_cache_is_shared_one_producer_per_key(
+        workers_root: Path, git: Git, tmp_path: Path) -> None:
+    """Blobless clones, one then twelve after it, then eight at once with another filter:
+    each pack generated once over both workers, read by every clone wherever it landed."""
+    srv = _start(workers_root, ("--pack-cache-dir", str(tmp_path / "cache")))
+    url = f"http://127.0.0.1:{srv.port}/app.git"
+    try:
+        def clone(name: str, spec: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(["git", "clone", "-q", "--bare", f"--filter={spec}", url,
+                                     str(tmp_path / name)], env=git_env(git.home),
+                                    stderr=subprocess.PIPE)
+
+        def finish(procs: list[subprocess.Popen[bytes]]) -> None:
+            for p in procs:
+                _out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, err.decode(errors="replace")
+
+        finish([clone("first", "blob:none")])
+        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        for i in range(12):
+            finish([clone(f"seq{i}", "blob:none")])
+        assert _lookups(srv.port) == {"hit": 12, "miss": 1, "joined": 0, "bypass": 0}
+        finish([clone(f"storm{i}", "tree:0") for i in range(8)])
+        got = _lookups(srv.port)
+        assert got["miss"] == 2 and got["hit"] + got["joined"] == 19 and got["bypass"] == 0
+        assert _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""] > generated
+        ref = tmp_path / "file-blobless"
+        git.run("clone", "-q", "--bare", "--no-local", "--filter=blob:none",
+                f"file://{workers_root / 'app.git'}", str(ref))
+        for name in ("first", "seq11", "storm0", "storm7"):
+            fsck(git, tmp_path / name)
+        assert repo_state(git, tmp_path / "seq11") == repo_state(git, ref)
+        # A producer killed: the master removes what it published (nobody else evicts it).
+        [shared] = (tmp_path / "cache").glob("gitspout-packcache-*")
+        owners = _owners(shared)
+        assert len(owners) == 2 and set(owners.values()) <= _children(srv.proc.pid)
+        victim = owners[next(iter(owners))]
+        os.kill(victim, signal.SIGKILL)
+        poll(lambda: victim not in _owners(shared).values(), 20, "the dead worker's packs gone")
+        assert len(list(shared.glob("*.pack"))) == len(_owners(shared)) < 2
+        finish([clone("after", "blob:none"), clone("after2", "tree:0")])
+        fsck(git, tmp_path / "after")
+    finally:
+        srv.stop()
+
+
+def _owners(directory: Path) -> dict[str, int]:
+    """The published packs of a shared cache directory and the pid of their producer."""
+    import json
+
+    out = {}
+    for meta in directory.glob("*.meta"):
+        try:
+            out[meta.stem] = json.loads(meta.read_text())["pid"]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _claim_in_child(directory: str, key: bytes, publish: bool) -> tuple[int, int, int]:
+    """A forked process claims ``key`` and produces; returns (pid, read end told 'claimed',
+    write end that lets it finish): it publishes or dies without publishing."""
+    from gitspout.server.app import cacheshare
+
+    told_r, told_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            found = cacheshare.claim(directory, key)
+            os.write(told_w, found.kind.encode()[:1])
+            os.read(go_r, 1)
+            if publish:
+                with open(found.part, "wb") as fh:
+                    fh.write(b"PACK" + bytes(20))
+                cacheshare.publish(directory, key, found.part,
+                                   {"size": 24, "objects": 0, "progress": [[0, b"x".hex()]]})
+                cacheshare.release(found.lock)
+                code = 0
+        finally:
+            os._exit(code)  # without publish: dies holding the lock, as a killed worker
+    os.close(told_w)
+    os.close(go_r)
+    return pid, told_r, go_w
+
+
+@pytest.mark.parametrize("publish", [True, False])
+def test_one_producer_per_key_across_processes(tmp_path: Path, publish: bool) -> None:
+    """The claim protocol between two processes: the second waits while the first holds
+    the key; it then adopts what the first published, or learns it died (None)."""
+    import asyncio
+
+    from gitspout.server.app import cacheshare
+
+    key = bytes(range(32))
+    pid, told, go = _claim_in_child(str(tmp_path), key, publish)
+    assert os.read(told, 1) == b"p"  # the child is the producer
+    assert cacheshare.claim(str(tmp_path), key).kind == "wait"
+    keepalives: list[int] = []
+
+    async def wait() -> dict[str, object] | None:
+        async def keepalive() -> None:
+            keepalives.append(1)
+            if len(keepalives) == 2:
+                os.write(go, b"x")  # let the producer finish only once we have waited
+        return await cacheshare.wait_for_producer(str(tmp_path), key, 0.05, keepalive)
+
+    meta = asyncio.run(wait())
+    os.waitpid(pid, 0)
+    assert len(keepalives) >= 2
+    if publish:
+        assert meta == {"size": 24, "objects": 0, "progress": [[0, "78"]]}
+        assert cacheshare.claim(str(tmp_path), key).kind == "adopt"
+    else:
+        assert meta is None
+        again = cacheshare.claim(str(tmp_path), key)  # the dead producer's lock is free
+        assert again.kind == "produce" and os.path.getsize(again.part) == 0
+        cacheshare.release(again.lock)
+
+
+def test_metrics_port_answers_for_every_worker(workers_root: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mport = s.getsockname()[1]
+    srv = _start(workers_root, ("--metrics-port", str(mport), "--no-public-metrics"))
+    try:
+        for _ in range(30):
+            assert request(srv.port, "GET", INFO_REFS).status == 200
+        assert request(srv.port, "GET", "/metrics").status == 404
+        assert _info_refs_total(mport) == 30
+        assert _samples(mport, "gitspout_workers")['{state="answered"}'] == 2
+    finally:
+        srv.stop()
+
+
+def test_port_in_use_stops_the_master(workers_root: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
+                               "--root", str(workers_root), "--port", str(port),
+                               "--workers", "2"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
