@@ -60,6 +60,10 @@ class Forwarding:
     def trusts(self, addr: _Address | None) -> bool:
         return addr is not None and any(addr in net for net in self.networks)
 
+    def trusts_peer(self, peer: str | None) -> bool:
+        """Is the peer address (text) one of the trusted proxies?"""
+        return self.trusts(_address(peer)) if peer else False
+
     def client(self, peer: str | None, forwarded_for: Iterable[str]) -> str:
         """The client's address: the peer's, unless the peer is a trusted proxy; then the
         right-most ``X-Forwarded-For`` hop that is not one (the module doc)."""

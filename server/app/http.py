@@ -81,7 +81,10 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
     forwarding = state.forwarding
 
     async def tag(request: web.BaseRequest, response: web.StreamResponse) -> None:
-        response.headers[REQUEST_ID_HEADER] = request_id(forwarding, request)
+        # Returned to whoever sent one, and to a trusted proxy; otherwise the answer's
+        # headers stay git-http-backend's (git's t5551.5 compares them line by line).
+        if REQUEST_ID_HEADER in request.headers or forwarding.trusts_peer(request.remote):
+            response.headers[REQUEST_ID_HEADER] = request_id(forwarding, request)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         handler = request.protocol

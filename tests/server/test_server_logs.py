@@ -170,7 +170,7 @@ def test_forwarded_for_is_believed_from_trusted_proxies_only(
     ("two words", False),
     ("", False),
 ])
-def test_request_id_is_kept_when_safe_and_always_returned(
+def test_request_id_is_kept_when_safe_and_returned(
         trusting: LiveServer, distrusting: LiveServer, sent: str, kept: bool) -> None:
     for srv, trusted in ((trusting, True), (distrusting, False)):
         start = len(srv.lines)
@@ -187,6 +187,19 @@ def test_request_id_is_kept_when_safe_and_always_returned(
     for path in ("/nothere.git/info/refs?service=git-upload-pack", "/healthz", "/readyz"):
         resp = request(trusting.port, "GET", path, {"X-Request-Id": "probe-1"})
         assert resp.header("X-Request-Id") == "probe-1", (path, resp.headers)
+
+
+def test_no_request_id_header_unless_asked_or_trusted(trusting: LiveServer,
+                                                     distrusting: LiveServer) -> None:
+    """A client that sent no X-Request-Id, through no trusted proxy, gets git-http-backend's
+    headers and nothing more (git's own t5551.5 compares them line by line); a trusted
+    proxy always gets the id, to log beside its own."""
+    path = "/public.git/info/refs?service=git-upload-pack"
+    plain = request(distrusting.port, "GET", path)
+    assert plain.status == 200 and plain.header("X-Request-Id") is None, plain.headers
+    proxied = request(trusting.port, "GET", path)
+    assert proxied.header("X-Request-Id") is not None and \
+        HEX16.fullmatch(proxied.header("X-Request-Id") or ""), proxied.headers
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
