@@ -106,6 +106,14 @@ def test_clone_through_a_namespace_equals_file(git: Git, ns_server: LiveServer, 
     assert states[0][2].strip() == "namespaced"
 
 
+def _two_wants(first: str, second: str, version: int) -> bytes:
+    """A fetch body wanting ``first`` and ``second``, in v0 or v2."""
+    if version == 2:
+        return (pkt_lines("command=fetch", "object-format=sha1") + DELIM
+                + pkt_lines(f"want {first}", f"want {second}", "done") + FLUSH)
+    return pkt_lines(f"want {first} side-band-64k", f"want {second}") + FLUSH + pkt_lines("done")
+
+
 @pytest.mark.parametrize("version", [0, 2])
 def test_objects_outside_the_namespace_are_refused(git: Git, ns_server: LiveServer,
                                                    ns_root: Path, version: int) -> None:
@@ -113,12 +121,7 @@ def test_objects_outside_the_namespace_are_refused(git: Git, ns_server: LiveServ
     inside = git.out("rev-parse", "refs/namespaces/ns/refs/heads/main", cwd=repo).strip()
     for outside in ("main", "refs/namespaces/ns/refs/heads/hidden"):
         oid = git.out("rev-parse", outside, cwd=repo).strip()
-        if version == 2:
-            body = (pkt_lines("command=fetch", "object-format=sha1") + DELIM
-                    + pkt_lines(f"want {inside}", f"want {oid}", "done") + FLUSH)
-        else:
-            body = pkt_lines(f"want {inside} side-band-64k", f"want {oid}") + FLUSH + \
-                pkt_lines("done")
+        body = _two_wants(inside, oid, version)
         resp = post_upload_pack(ns_server.port, body, repo="ns-repo.git", version=version)
         with pytest.raises(InBandError, match="not our ref"):
             pack_bytes(resp.body)
@@ -136,12 +139,7 @@ def test_a_tag_outside_the_namespace_is_refused(git: Git, ns_server: LiveServer,
     inside = git.out("rev-parse", "refs/namespaces/ns/refs/heads/main", cwd=repo).strip()
     tag = git.out("rev-parse", "refs/tags/secret", cwd=repo).strip()
     assert git.out("rev-parse", "refs/tags/secret^{commit}", cwd=repo).strip() == inside
-    if version == 2:
-        body = (pkt_lines("command=fetch", "object-format=sha1") + DELIM
-                + pkt_lines(f"want {inside}", f"want {tag}", "done") + FLUSH)
-    else:
-        body = pkt_lines(f"want {inside} side-band-64k", f"want {tag}") + FLUSH + \
-            pkt_lines("done")
+    body = _two_wants(inside, tag, version)
     resp = post_upload_pack(ns_server.port, body, repo="ns-repo.git", version=version)
     with pytest.raises(InBandError, match="not our ref"):
         pack_bytes(resp.body)
