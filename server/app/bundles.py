@@ -266,11 +266,15 @@ async def serve_bundle(store: BundleStore, ctx: RequestContext, name: str,
     """``GET <repo>/gitspout-bundle/<name>``: the file, with Range and sendfile; 404 when
     it is not this repository's current bundle or this request may not have it."""
     bundle = await run(store.file_for, ctx, name)
-    if bundle is None or not os.path.exists(bundle.path):
+    try:
+        if bundle is None:
+            raise FileNotFoundError(name)
+        # Replaced or evicted between the lookup and the open: gone, as if never there.
+        resp = await send_file(request, bundle.path, store.cfg.send_timeout)
+    except FileNotFoundError:
         store.metrics.bundle_requests.labels("missing").inc()
         return web.Response(status=404, text="no such bundle\n")
     store.metrics.bundle_requests.labels("served").inc()
-    resp = await send_file(request, bundle.path, store.cfg.send_timeout)
     if resp.content_length and request.method != "HEAD":
         store.metrics.bundle_bytes.inc(resp.content_length)
     return resp

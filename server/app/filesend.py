@@ -18,7 +18,8 @@ from aiohttp import web
 
 __all__ = ["send_file", "parse_range"]
 
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+# At most 19 digits: more is no file size, and int() refuses over 4,300 digits (a 500).
+_RANGE = re.compile(r"bytes=([0-9]{0,19})-([0-9]{0,19})$")
 PIECE = 4 << 20  # bytes per sendfile call
 
 

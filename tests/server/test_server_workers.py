@@ -204,6 +204,15 @@ def test_bad_workers_setting_is_refused(workers_root: Path, value: str) -> None:
     assert proc.returncode == 2 and "workers must be" in proc.stderr, proc.stderr
 
 
+def test_bundles_with_several_workers_are_refused(workers_root: Path) -> None:
+    """Each worker would keep bundles of its own under the same names (a client could be
+    offered one worker's file and resume it from another's): refused until they share."""
+    proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
+                           "--root", str(workers_root), "--port", "0", "--workers", "2",
+                           "--bundles"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "more than one worker" in proc.stderr, proc.stderr
+
+
 def test_auto_counts_affinity_and_cgroup_quota(tmp_path: Path) -> None:
     from gitspout.server.app.workers import usable_cpus
 
