@@ -42,6 +42,7 @@ __all__ = ["BundleStore", "BUNDLE_ROUTE", "OffloadMetrics"]
 log = logging.getLogger("gitspout")
 
 BUNDLE_ROUTE = "/gitspout-bundle/"  # <repo>/gitspout-bundle/<file>: served here
+REPOS_SWEEP = 4096  # repositories tracked before the idle ones are forgotten
 HEADER = b"# v2 git bundle\n"  # gitformat-bundle: v2 for sha1 (v3 adds capabilities)
 
 
@@ -104,6 +105,7 @@ class BundleStore:
         reclaim_orphans(base)
         self.dir, self._dir_lock = make_directory(base)
         self._repos: dict[str, _RepoBundles] = {}
+        self._sweep_at = REPOS_SWEEP  # _forget_idle
         self._lock = threading.Lock()  # offers run in the pool, notes on the loop
 
     # -- offering (pool) -------------------------------------------------------
@@ -154,7 +156,13 @@ class BundleStore:
             return False
         now = time.monotonic()
         with self._lock:
-            entry = self._repos.setdefault(repo.gitdir, _RepoBundles())
+            entry = self._repos.get(repo.gitdir)
+            if entry is None:
+                if len(self._repos) >= self._sweep_at:
+                    self._forget_idle(now)
+                # Only whether the last bundle_after clones fall in the window matters.
+                entry = self._repos[repo.gitdir] = _RepoBundles(
+                    deque(maxlen=self.cfg.bundle_after))
             entry.clones.append(now)
             while entry.clones and entry.clones[0] < now - self.cfg.bundle_window:
                 entry.clones.popleft()
@@ -163,6 +171,16 @@ class BundleStore:
             if due:
                 entry.writing = True
             return due
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop the repositories that hold nothing: no bundle, none being written, no
+        clone within the window (DESIGN.md invariant 6: nothing kept across requests
+        grows without bound). Under ``_lock``; the next sweep waits for twice as many."""
+        window = now - self.cfg.bundle_window
+        for key in [k for k, e in self._repos.items() if e.bundle is None
+                    and not e.writing and (not e.clones or e.clones[-1] < window)]:
+            del self._repos[key]
+        self._sweep_at = max(REPOS_SWEEP, 2 * len(self._repos))
 
     def write(self, ctx: RequestContext) -> Bundle | None:
         """Write the repository's bundle (blocking, in the pool); None when it cannot be
