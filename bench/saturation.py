@@ -10,6 +10,7 @@ no cache is shared between them through hard links).
 
     .venv/bin/python -m bench.saturation [--repo bench/work/real/dulwich-gc.git]
         [--seconds 10] [--clone-seconds 30] [--copies 8] [--cores 1,2] [--mixes ci,clone]
+        [--rounds 3]
 
 The server is pinned with ``taskset`` (every process and thread, forks inherit it): to
 CPU 0 with wrk on CPU 1; then to CPUs 0-1 with wrk on CPU 1 too. On a 2-core machine the
@@ -26,6 +27,7 @@ import http.client
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -210,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--mixes", default="ci,clone")
     ap.add_argument("--servers", default="gitspout-w1,gitspout-w2,c-git")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of every cell, interleaved across servers; the table gives "
+                         "medians (a shared machine's noise hits one run, not all)")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     root = REPO_TOP / "bench" / "work" / "saturation" / "root"
@@ -232,15 +237,16 @@ def main(argv: list[str] | None = None) -> int:
                                      "ls": work / f"{mix}.ls", "fetch": work / f"{mix}.fetch"})
             scripts[mix] = script
         print(f"load average before: {os.getloadavg()}", flush=True)
-        rows = []
+        runs: list[dict[str, object]] = []
         for mix in args.mixes.split(","):
             for cores in (int(c) for c in args.cores.split(",")):
-                for name in args.servers.split(","):
-                    row = one_cell(servers[name], name, mix, scripts[mix], recorded[mix],
-                                   cores, args)
-                    rows.append(row)
-                    print(_fmt(row), f"load {os.getloadavg()[0]:.1f}", flush=True)
-        print(table(rows))
+                for _ in range(args.rounds):
+                    for name in args.servers.split(","):
+                        row = one_cell(servers[name], name, mix, scripts[mix], recorded[mix],
+                                       cores, args)
+                        runs.append(row)
+                        print(_fmt(row), f"load {os.getloadavg()[0]:.1f}", flush=True)
+        print(table(medians(runs)))
         print(f"load average after: {os.getloadavg()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -253,9 +259,24 @@ def _fmt(r: dict[str, object]) -> str:
             f"non2xx={r['non2xx']:.0f} sockerr={r['socket_errors']:.0f}")
 
 
+def medians(runs: list[dict[str, object]]) -> list[dict[str, object]]:
+    """One row per (mix, cores, server): the median jobs/s and CPU per job of its runs,
+    with the range of jobs/s."""
+    cells: dict[tuple[object, object, object], list[dict[str, object]]] = {}
+    for r in runs:
+        cells.setdefault((r["mix"], r["cores"], r["server"]), []).append(r)
+    rows = []
+    for (mix, cores, server), rs in cells.items():
+        jobs = [float(str(r["jobs_s"])) for r in rs]
+        rows.append({"mix": mix, "cores": cores, "server": server, "runs": len(rs),
+                     "jobs_s": statistics.median(jobs), "low": min(jobs), "high": max(jobs),
+                     "cpu_ms_job": statistics.median(float(str(r["cpu_ms_job"])) for r in rs)})
+    return rows
+
+
 def table(rows: list[dict[str, object]]) -> str:
-    lines = ["| mix | cores | server | jobs/s | CPU per job | vs gitspout w1 | vs git-http-backend |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mix | cores | server | jobs/s (median; range) | CPU per job | vs gitspout w1 "
+             "| vs git-http-backend |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         same = [x for x in rows if x["mix"] == r["mix"] and x["cores"] == r["cores"]]
         base = next((x for x in same if x["server"] == "gitspout-w1"), None)
@@ -265,7 +286,9 @@ def table(rows: list[dict[str, object]]) -> str:
             if other is None or not other["jobs_s"]:
                 return "-"
             return f"{float(str(r['jobs_s'])) / float(str(other['jobs_s'])):.2f}x"
-        lines.append(f"| {r['mix']} | {r['cores']} | {r['server']} | {r['jobs_s']:.1f} | "
+        spread = f" ({r['low']:.0f}-{r['high']:.0f}, {r['runs']} runs)" if r.get("runs", 1) != 1 \
+            else ""
+        lines.append(f"| {r['mix']} | {r['cores']} | {r['server']} | {r['jobs_s']:.1f}{spread} | "
                      f"{r['cpu_ms_job']:.1f} ms | {ratio(base)} | {ratio(cgit)} |")
     return "\n".join(lines)
 
