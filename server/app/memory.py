@@ -19,10 +19,12 @@ import asyncio
 import ctypes
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["fix_mmap_threshold", "HeapTrimmer"]
+from prometheus_client.core import CounterMetricFamily
+
+__all__ = ["fix_mmap_threshold", "HeapTrimmer", "HeapTrimCollector"]
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -61,6 +63,7 @@ class HeapTrimmer:
         self._libc = _libc()
         self._timer: asyncio.TimerHandle | None = None
         self._floor = 0  # RSS after the last trim
+        self.checks = 0  # idle passes that looked (a test waits for one: no event says so)
         self.trims = 0
 
     def schedule(self, then: Callable[[], None]) -> None:
@@ -73,13 +76,35 @@ class HeapTrimmer:
 
     def trim(self) -> None:
         """Blocking (it walks the objects and the heaps): run it in the pool."""
-        if _rss() - self._floor < TRIM_OVER:
-            return
+        try:
+            if _rss() - self._floor < TRIM_OVER:
+                return
+            self._trim()
+        finally:
+            self.checks += 1
+
+    def _trim(self) -> None:
         gc.collect()
         if self._libc is not None:
             self._libc.malloc_trim(0)
         self.trims += 1
         self._floor = _rss()
+
+
+class HeapTrimCollector:
+    """``gitspout_heap_trim_checks_total`` (idle passes) and ``gitspout_heap_trims_total``
+    (passes that collected and trimmed: the RSS had grown by :data:`TRIM_OVER`)."""
+
+    def __init__(self, trimmer: HeapTrimmer) -> None:
+        self.trimmer = trimmer
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        yield CounterMetricFamily("gitspout_heap_trim_checks", "Idle passes of the heap "
+                                  "trimmer (TRIM_DELAY after the last git request).",
+                                  value=self.trimmer.checks)
+        yield CounterMetricFamily("gitspout_heap_trims", "Idle passes that collected "
+                                  "garbage and gave free heap pages back (malloc_trim).",
+                                  value=self.trimmer.trims)
 
 
 def _rss() -> int:

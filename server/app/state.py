@@ -24,7 +24,7 @@ from .bundles import BundleStore, OffloadMetrics
 from .config import Config, proxy_networks
 from .forwarded import Forwarding
 from .health import Health, RootCheck
-from .memory import HeapTrimmer
+from .memory import HeapTrimCollector, HeapTrimmer
 from .metrics import Metrics, RequestRecord
 from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector
@@ -102,6 +102,7 @@ class ServerState:
             state.pack_cache = PackCache(budgets.pack_cache, registry.faults)
             state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         state.admission = Admission(budgets.admission, state.metrics.registry)
+        state.metrics.registry.register(HeapTrimCollector(state.trimmer))
         state.offload = OffloadMetrics(state.metrics.registry)
         if cfg.bundles:
             state.bundles = BundleStore(cfg, state.offload)
