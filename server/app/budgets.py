@@ -18,6 +18,9 @@ limit                      setting                                 enforced (and
                            ``--send-min-rate``
 ``pack_cache``             ``--pack-cache-size``, ``-dir``, ``-ttl``,  app/cachestore.py
                            ``-on``
+``closure_store``          ``--closure-store``: a sixteenth of     store/closurestore.py
+                           ``--pack-cache-size``, taken from the
+                           pack cache's
 ``output_buffer``          ``--output-buffer``                     app/stream.py cap_output
 ``threads``                ``--threads``, ``--threads-per-repo``   app/pool.py
 ``auth_threads``           ``--auth-threads``                      app/authgate.py
@@ -37,7 +40,9 @@ from .connections import ConnectionLimits
 from .httpreq import BodyLimits
 from .sendwatch import SendLimits
 
-__all__ = ["Budgets"]
+__all__ = ["Budgets", "CLOSURE_SHARE"]
+
+CLOSURE_SHARE = 16  # the closure store's part of --pack-cache-size: one sixteenth
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Budgets:
     admission: AdmissionLimits
     connections: ConnectionLimits
     pack_cache: PackCacheLimits
+    closure_store: int  # bytes of closure files (0: none), out of --pack-cache-size
     output_buffer: int
     threads: int
     threads_per_repo: int
@@ -58,6 +64,7 @@ class Budgets:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Budgets:
+        closures = cfg.pack_cache_size // CLOSURE_SHARE if cfg.closure_store else 0
         return cls(
             memory=MemoryBudget(cfg.cache_memory),
             inflate=ByteBudget(cfg.inflate_memory),
@@ -69,8 +76,9 @@ class Budgets:
             connections=ConnectionLimits(cfg.header_timeout, cfg.idle_timeout,
                                          cfg.max_connections,
                                          SendLimits(cfg.send_timeout, cfg.send_min_rate)),
-            pack_cache=PackCacheLimits(cfg.pack_cache_size, cfg.pack_cache_dir,
+            pack_cache=PackCacheLimits(cfg.pack_cache_size - closures, cfg.pack_cache_dir,
                                        cfg.pack_cache_ttl, cfg.pack_cache_on),
+            closure_store=closures,
             output_buffer=cfg.output_buffer,
             threads=cfg.threads,
             threads_per_repo=cfg.threads_per_repo,

@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..packgen import PackStats
+from ..store.closurestore import RESULTS, ClosureStore
 from ..store.faults import KINDS
 from ..store.lru import MemoryBudget
 from ..store.registry import PackRegistry
@@ -224,6 +225,30 @@ class _FaultCollector:
             for outcome in ("failed", "fallback"):
                 fam.add_metric([kind, outcome], counts.get((kind, outcome), 0))
         yield fam
+
+
+class ClosureStoreCollector:
+    """``gitspout_closure_store_total{result}`` and ``gitspout_closure_store_bytes``
+    (store/closurestore.py): closures read from the local disk instead of walked
+    (loaded), walked for want of one (missed), written, removed (stale: their pack was
+    replaced; corrupt; evicted over the budget) or not written (dropped)."""
+
+    def __init__(self, store: ClosureStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        st = self.store.stats
+        fam = CounterMetricFamily(
+            "gitspout_closure_store",
+            "Closures on the local disk by result: loaded (instead of a walk), missed "
+            "(walked), written, stale (pack replaced), corrupt, evicted, dropped.",
+            labels=["result"])
+        for result in RESULTS:
+            fam.add_metric([result], st.results.get(result, 0))
+        yield fam
+        yield GaugeMetricFamily("gitspout_closure_store_bytes",
+                                "Bytes of closure files on the local disk (as this process "
+                                "last counted them).", value=st.bytes)
 
 
 class _OpenFilesCollector:

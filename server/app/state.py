@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from ..core.context import RequestContext
+from ..graph.closures import ClosureCaches
 from ..packgen import PackCaches
+from ..store.closurestore import ClosureStore
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
 from ..store.registry import PackRegistry
@@ -25,7 +28,7 @@ from .config import Config, proxy_networks
 from .forwarded import Forwarding
 from .health import Health, RootCheck
 from .memory import HeapTrimCollector, HeapTrimmer
-from .metrics import Metrics, RequestRecord
+from .metrics import ClosureStoreCollector, Metrics, RequestRecord
 from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector
 from .pool import WorkPool
@@ -82,16 +85,22 @@ class ServerState:
         repos = [r.strip().strip("/") for r in cfg.metrics_repos.split(",") if r.strip()]
         root, allow = str(cfg.root_path()), cfg.allow_symlinks_outside_root
         registry = PackRegistry(max_open=budgets.open_files, memory=memory)
+        disk = None
+        if budgets.closure_store > 0:
+            disk = ClosureStore(budgets.pack_cache.directory or tempfile.gettempdir(),
+                                budgets.closure_store)
         state = cls(
             cfg, budgets,
             RepoResolver(root, allow, memory),
             registry,
-            PackCaches.create(registry),
+            PackCaches.create(registry, ClosureCaches.create(registry, disk)),
             pool,
             DirCache(enabled=cfg.cross_request_cache, guard=LinkGuard(root, allow, memory),
                      memory=memory),
             Metrics(repos, pool, memory, registry),
         )
+        if disk is not None:
+            state.metrics.registry.register(ClosureStoreCollector(disk))
         state.namespaces = NamespaceMap.parse(cfg.namespaces)
         state.forwarding = Forwarding(proxy_networks(cfg.trusted_proxies))
         if cfg.auth_file:
@@ -173,6 +182,9 @@ class ServerState:
             self.gate.close()
         if self.pack_cache is not None:
             self.pack_cache.close()
+        disk = self.caches.closures.disk
+        if disk is not None:  # closures walked for the last requests: for the next process
+            await asyncio.to_thread(disk.flush, 5.0)
         if self.bundles is not None:
             self.bundles.close()
 

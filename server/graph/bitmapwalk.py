@@ -8,7 +8,9 @@ an "extra" set, like git's extended bitmap index.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import struct
 from collections.abc import Iterable
 
 from gitspout.protocol.filters import (
@@ -21,6 +23,7 @@ from gitspout.protocol.filters import (
 )
 
 from ..store.bitmaps import PackBitmaps, iter_set_bits, load_bitmaps
+from ..store.closurestore import ClosureStore
 from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS, ids_digest
 from ..store.odb import ObjectSnapshot
@@ -40,6 +43,7 @@ __all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filt
 # (:func:`filter_walk_level`); checking a want (reachability.py) needs ALL.
 ALL, TREES, COMMITS = "all", "trees", "commits"
 _LEVELS = (ALL, TREES, COMMITS)  # each answers the ones after it
+_U64 = struct.Struct(">Q")
 
 
 class Reach:
@@ -93,6 +97,45 @@ class Reach:
         self._view()[rank >> 3] |= 1 << (rank & 7)
         self._int_stale = True
 
+    def to_bytes(self) -> bytes:
+        """The closure as the closure store keeps it: the bits, then the extras (id,
+        type) and the hints (id, base), ids of one width."""
+        parts = [_U64.pack(self.nbytes), self.bits.to_bytes(self.nbytes, "little"),
+                 _U64.pack(len(self.extra))]
+        parts += [oid + bytes((type_num,)) for oid, type_num in self.extra.items()]
+        parts.append(_U64.pack(len(self.hints)))
+        parts += [oid + base for oid, base in self.hints.items()]
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, nbits: int, hash_len: int) -> Reach | None:
+        """The closure :meth:`to_bytes` wrote, for a pack of ``nbits`` entries; None when
+        ``data`` is not one."""
+        reach = cls(nbits)
+        try:
+            (nbytes,) = _U64.unpack_from(data, 0)
+            if nbytes != reach.nbytes:
+                return None
+            at = 8 + nbytes
+            reach.bits = int.from_bytes(data[8:at], "little")
+            (n,) = _U64.unpack_from(data, at)
+            at += 8
+            width = hash_len + 1
+            for k in range(at, at + n * width, width):
+                reach.extra[data[k:k + hash_len]] = data[k + hash_len]
+            at += n * width
+            (n,) = _U64.unpack_from(data, at)
+            at += 8
+            width = 2 * hash_len
+            for k in range(at, at + n * width, width):
+                reach.hints[data[k:k + hash_len]] = data[k + hash_len:k + width]
+            at += n * width
+        except (struct.error, IndexError):
+            return None
+        if at != len(data) or reach.bits >> nbits:
+            return None
+        return reach
+
     def copy(self) -> Reach:
         other = Reach(0)
         other.nbytes = self.nbytes
@@ -138,18 +181,45 @@ class BitmapIndex:
             reach.extra[oid] = type_num
 
     def reach_cached(self, roots: Iterable[bytes], cache: ByteLRU[Reach],
-                     level: str = ALL) -> Reach:
+                     level: str = ALL, disk: ClosureStore | None = None) -> Reach:
         """:meth:`reach`, remembered across requests by (pack, roots, level): a clone storm
         on one ref state computes its object set once. Packs never change, so the key is
-        exact. A closure of a fuller level answers a request for a lesser one."""
-        key: tuple[object, ...] = (self.pack.key, ids_digest(roots))
+        exact. A closure of a fuller level answers a request for a lesser one. With
+        ``disk``, a closure not in memory is read from the closure store, where a
+        previous process left it, before it is walked, and one walked is left there."""
+        digest = ids_digest(roots)
+        key: tuple[object, ...] = (self.pack.key, digest)
         for held in _LEVELS[: _LEVELS.index(level) + 1]:
             hit = cache.get(key if held == ALL else (*key, held))
             if hit is not None:
                 return hit.copy()
-        hit = self.reach(roots, level=level)
+        hit = self._stored(disk, digest, level) if disk is not None else None
+        if hit is None:
+            hit = self.reach(roots, level=level)
+            if disk is not None:
+                disk.save(*self._disk_key(digest, level), hit.to_bytes())
         cache.put(key if level == ALL else (*key, level), hit, hit.nbytes + 64 * len(hit.extra))
         return hit.copy()
+
+    def _disk_key(self, digest: bytes, level: str) -> tuple[str, str, bytes]:
+        """(scope, name, identity) of a closure in the closure store. The closure of given
+        roots is a function of immutable objects; only where its bits stand depends on
+        the bitmapped pack, so the pack's checksum and size pin it down with the roots
+        (objects outside the pack are kept by id). The scope is the repository's objects
+        directory, so that the files of a pack replaced there can be found and removed."""
+        pack = self.pack
+        scope = hashlib.sha256(self.src.odb.objects_dir.encode()).hexdigest()[:20]
+        name = f"{pack.checksum.hex()[:16]}-{level}-{digest.hex()[:40]}"
+        identity = b"|".join((pack.checksum, str(pack.count).encode(), level.encode(), digest))
+        return scope, name, identity
+
+    def _stored(self, disk: ClosureStore, digest: bytes, level: str) -> Reach | None:
+        scope, name, identity = self._disk_key(digest, level)
+        data = disk.load(scope, name, identity)
+        if data is None:
+            disk.sweep(scope, name[:16])
+            return None
+        return Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
 
     def reach(self, roots: Iterable[bytes], base: Reach | None = None,
               level: str = ALL) -> Reach:

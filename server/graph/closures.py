@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..store.closurestore import ClosureStore
 from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_COMMIT, OBJ_TREE, ids_digest
 from ..store.registry import PackRegistry
@@ -35,15 +36,17 @@ class ClosureCaches:
     sets: ByteLRU[Reach]
     # (digest of the tips and the repository's grafts, level) -> the closure's ids
     ids: ByteLRU[IdSet]
+    # closures by bitmaps on the local disk, for the next process (store/closurestore.py)
+    disk: ClosureStore | None = None
 
     @classmethod
-    def create(cls, registry: PackRegistry) -> ClosureCaches:
+    def create(cls, registry: PackRegistry, disk: ClosureStore | None = None) -> ClosureCaches:
         """The process's caches, within its --cache-memory; a closure by bitmaps goes when
         its pack does."""
         memory = registry.memory
         return cls(registry.keyed_by_packs(ByteLRU[Reach]("object_sets", CLOSURES_BUDGET,
                                                           parent=memory)),
-                   ByteLRU[IdSet]("tip_closures", CLOSURES_BUDGET, parent=memory))
+                   ByteLRU[IdSet]("tip_closures", CLOSURES_BUDGET, parent=memory), disk)
 
 
 class IdSet:

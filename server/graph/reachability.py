@@ -44,7 +44,8 @@ def check_wants(
     trees = any(src.object_type(w) != OBJ_COMMIT for w in pending)
     bi = open_bitmap_index(src) if caches is not None else None
     if bi is not None and caches is not None:
-        reach = bi.reach_cached(tip_set, caches.sets, level=ALL if trees else COMMITS)
+        reach = bi.reach_cached(tip_set, caches.sets, level=ALL if trees else COMMITS,
+                                disk=caches.disk)
         return next((w for w in pending if not bi.has(reach, w)), None)
     if trees:
         at_tips = tips_closure(src, tip_set, TIP_TREES, caches.ids if caches else None)
@@ -78,7 +79,8 @@ def reachable_subset(
         return found
     bi = open_bitmap_index(src)
     if bi is not None:
-        reach = bi.reach_cached(tip_set, caches.sets) if caches is not None else bi.reach(tip_set)
+        reach = (bi.reach_cached(tip_set, caches.sets, disk=caches.disk) if caches is not None
+                 else bi.reach(tip_set))
         found.update(o for o in pending if bi.has(reach, o))
         return found
     commits: set[bytes] = set()

@@ -135,7 +135,8 @@ def _filtered_reach(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex
         hit = caches.filtered.get(key)
         if hit is not None:
             return hit.copy(), None
-    reach = bi.reach_cached(wants, caches.closures.sets, level=filter_walk_level(order.filter))
+    reach = bi.reach_cached(wants, caches.closures.sets, level=filter_walk_level(order.filter),
+                            disk=caches.closures.disk)
     haves: Reach | None = None
     if order.common:
         haves = bi.reach(order.common)

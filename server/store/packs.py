@@ -139,6 +139,11 @@ class PackFile(PackIndex, ReverseIndex):
         self._bisections: int | None = None  # lookups left before the prefixes pay (find)
         self.extra: dict[str, object] = {}  # lazily computed per-pack data (bitmaps, ...)
 
+    @property
+    def checksum(self) -> bytes:
+        """The pack's checksum, as its index names it (the pack's identity on disk)."""
+        return self._checksum
+
     # -- open files --------------------------------------------------------------
 
     def _open_files(self) -> tuple[int, mmap.mmap]:

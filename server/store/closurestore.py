@@ -1,0 +1,306 @@
+"""Closures kept on the local cache disk for the next process (docs/ARCHITECTURE.md
+"Closure store").
+
+A cold process walks the commits and trees that a repository's bitmaps do not cover (tips
+newer than the bitmap, refs its commits do not reach): the same walk on every restart.
+What it derives is a pure function of immutable objects, so it is written here, keyed by
+what pins it down, and read back by the next process on the same disk instead of walking.
+
+The store knows nothing of what it holds: a record is an identity (bytes the caller says
+must match exactly) and a payload. Each record is one file::
+
+    magic "GSCLOSR\\0", version (u16), identity length (u16), payload length (u64),
+    identity, payload, SHA-256 of everything before it
+
+written to a temporary name and renamed, so a reader sees a whole file or none. A file
+that does not parse, whose checksum or length is wrong, is removed and counted
+``corrupt``; one whose identity differs (its pack was replaced) ``stale``. Files live in
+``<base>/gitspout-closures/<scope>/``, a directory of this user's own (mode 0700, checked:
+a file planted there by someone else could make the server send objects nobody may
+have), never in the repositories. They hold at most ``max_bytes`` together (a fixed share
+of ``--pack-cache-size``): past it, the least recently used go first (a load touches its
+file's mtime). Writes are done by a background thread after the walk, never by a request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import stat
+import struct
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["ClosureStore", "ClosureStoreStats", "STORE_DIR", "RESULTS"]
+
+log = logging.getLogger("gitspout")
+
+STORE_DIR = "gitspout-closures"
+MAGIC = b"GSCLOSR\0"
+VERSION = 1
+_HEAD = struct.Struct(">8sHHQ")
+_SUM = 32  # SHA-256
+SUFFIX = ".clo"
+RESULTS = ("loaded", "missed", "written", "stale", "corrupt", "evicted", "dropped")
+QUEUE_MAX = 64  # records waiting to be written; more are dropped (and counted)
+
+
+@dataclass
+class ClosureStoreStats:
+    """Counts by result (:data:`RESULTS`) and the bytes of the files this process knows of."""
+
+    results: Counter[str] = field(default_factory=Counter)
+    bytes: int = 0
+
+
+def encode_record(identity: bytes, payload: bytes) -> bytes:
+    """One file's bytes (the module docstring's format)."""
+    body = _HEAD.pack(MAGIC, VERSION, len(identity), len(payload)) + identity + payload
+    return body + hashlib.sha256(body).digest()
+
+
+def decode_record(data: bytes) -> tuple[bytes, bytes] | None:
+    """(identity, payload) of a file's bytes, or None when they are not one whole record."""
+    if len(data) < _HEAD.size + _SUM:
+        return None
+    magic, version, id_len, pay_len = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        return None
+    if len(data) != _HEAD.size + id_len + pay_len + _SUM:
+        return None
+    body = memoryview(data)[: len(data) - _SUM]
+    if hashlib.sha256(body).digest() != data[len(data) - _SUM:]:
+        return None
+    start = _HEAD.size
+    return data[start:start + id_len], data[start + id_len:len(data) - _SUM]
+
+
+class ClosureStore:
+    """Records on the local disk, shared by the processes using the same base directory
+    (workers, and the next process after a restart)."""
+
+    def __init__(self, base: str, max_bytes: int) -> None:
+        self.root = os.path.join(base, STORE_DIR)
+        self.max_bytes = max_bytes
+        self.stats = ClosureStoreStats()
+        self._lock = threading.Lock()
+        self._swept: set[tuple[str, str]] = set()
+        self._queue: queue.Queue[tuple[str, str, bytes] | threading.Event] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self.enabled = max_bytes > 0 and self._private_dir(self.root)
+        if self.enabled:
+            self.stats.bytes = self._scan_bytes()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def load(self, scope: str, name: str, identity: bytes) -> bytes | None:
+        """The payload stored under ``name`` if its identity is ``identity``; None
+        otherwise (counted: missed, stale or corrupt; the last two remove the file)."""
+        if not self.enabled:
+            return None
+        path = os.path.join(self.root, scope, name + SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self._count("missed")
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            self._count("missed")
+            return None
+        found = decode_record(data)
+        if found is None or found[0] != identity:
+            self._drop(path, len(data), "corrupt" if found is None else "stale")
+            return None
+        try:
+            os.utime(path)  # recently used: evicted last
+        except OSError:
+            pass
+        self._count("loaded")
+        return found[1]
+
+    def sweep(self, scope: str, keep_prefix: str) -> None:
+        """Remove the files of ``scope`` whose names do not start with ``keep_prefix``
+        (their pack was replaced: they can never be loaded again), once per process and
+        prefix."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if (scope, keep_prefix) in self._swept:
+                return
+            self._swept.add((scope, keep_prefix))
+        folder = os.path.join(self.root, scope)
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.endswith(SUFFIX) and not entry.name.startswith(keep_prefix):
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+                self._drop(entry.path, size, "stale")
+
+    # -- writing ---------------------------------------------------------------------
+
+    def save(self, scope: str, name: str, identity: bytes, payload: bytes) -> None:
+        """Write the record in the background (dropped, and counted, when the writer is
+        behind by :data:`QUEUE_MAX` records)."""
+        if not self.enabled:
+            return
+        data = encode_record(identity, payload)
+        if len(data) > self.max_bytes // 4:
+            self._count("dropped")
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="gitspout-closure-store")
+                self._thread.start()
+        if self._queue.qsize() >= QUEUE_MAX:
+            self._count("dropped")
+            return
+        self._queue.put_nowait((scope, name, data))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every record queued so far is written (tests, shutdown)."""
+        if self._thread is None:
+            return
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._write(*item)
+            except OSError as exc:
+                log.warning("closure store: cannot write %s: %s", item[1], exc)
+                self._count("dropped")
+
+    def _write(self, scope: str, name: str, data: bytes) -> None:
+        folder = os.path.join(self.root, scope)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        path = os.path.join(folder, name + SUFFIX)
+        with self._lock:
+            self._seq += 1
+            tmp = os.path.join(folder, f".tmp-{os.getpid()}-{threading.get_ident()}-{self._seq}")
+        try:
+            old = os.lstat(path).st_size
+        except OSError:
+            old = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.rename(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        with self._lock:
+            self.stats.bytes += len(data) - old
+            self.stats.results["written"] += 1
+            over = self.stats.bytes > self.max_bytes
+        if over:
+            self._evict()
+
+    # -- the budget ------------------------------------------------------------------
+
+    def _files(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every record file, of every scope."""
+        found = []
+        try:
+            scopes = list(os.scandir(self.root))
+        except OSError:
+            return []
+        for scope in scopes:
+            if not scope.is_dir(follow_symlinks=False):
+                continue
+            try:
+                entries = list(os.scandir(scope.path))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if entry.name.endswith(SUFFIX) and stat.S_ISREG(st.st_mode):
+                    found.append((st.st_mtime, st.st_size, entry.path))
+        return found
+
+    def _scan_bytes(self) -> int:
+        return sum(size for _, size, _ in self._files())
+
+    def _evict(self) -> None:
+        """Remove the least recently used files until three quarters of the budget are
+        used (the files of every process sharing the directory count)."""
+        files = sorted(self._files())
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:
+            if total <= self.max_bytes * 3 // 4:
+                break
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            total -= size
+            self._count("evicted")
+        with self._lock:
+            self.stats.bytes = total
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _count(self, result: str) -> None:
+        with self._lock:
+            self.stats.results[result] += 1
+
+    def _drop(self, path: str, size: int, result: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        else:
+            with self._lock:
+                self.stats.bytes = max(0, self.stats.bytes - size)
+        self._count(result)
+
+    @staticmethod
+    def _private_dir(path: str) -> bool:
+        """Make ``path`` (mode 0700) or accept it only if it is a directory of this user's
+        that nobody else may write to; otherwise the store is off (logged)."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.warning("closure store off: cannot make %s: %s", path, exc)
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            log.warning("closure store off: %s: %s", path, exc)
+            return False
+        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+                or st.st_mode & 0o022):
+            log.warning("closure store off: %s is not a directory of this user's that "
+                        "only it may write to", path)
+            return False
+        return True
