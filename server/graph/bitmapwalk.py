@@ -214,12 +214,19 @@ class BitmapIndex:
         return scope, name, identity
 
     def _stored(self, disk: ClosureStore, digest: bytes, level: str) -> Reach | None:
-        scope, name, identity = self._disk_key(digest, level)
-        data = disk.load(scope, name, identity)
-        if data is None:
-            disk.sweep(scope, name[:16])
-            return None
-        return Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
+        """The closure of ``level`` or a fuller one, from the closure store; one miss
+        counted when there is none (the walk that follows)."""
+        scope = ""
+        for held in (level, *reversed(_LEVELS[: _LEVELS.index(level)])):
+            scope, name, identity = self._disk_key(digest, held)
+            data = disk.load(scope, name, identity, count_miss=False)
+            if data is not None:
+                found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
+                if found is not None:
+                    return found
+        disk.count("missed")
+        disk.sweep(scope, self.pack.checksum.hex()[:16])
+        return None
 
     def reach(self, roots: Iterable[bytes], base: Reach | None = None,
               level: str = ALL) -> Reach:

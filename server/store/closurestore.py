@@ -97,22 +97,21 @@ class ClosureStore:
 
     # -- reading ---------------------------------------------------------------------
 
-    def load(self, scope: str, name: str, identity: bytes) -> bytes | None:
+    def load(self, scope: str, name: str, identity: bytes, count_miss: bool = True
+             ) -> bytes | None:
         """The payload stored under ``name`` if its identity is ``identity``; None
-        otherwise (counted: missed, stale or corrupt; the last two remove the file)."""
+        otherwise (counted: missed unless not ``count_miss``, stale or corrupt; the last
+        two remove the file)."""
         if not self.enabled:
             return None
         path = os.path.join(self.root, scope, name + SUFFIX)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            self._count("missed")
-            return None
-        try:
             with os.fdopen(fd, "rb") as fh:
                 data = fh.read()
         except OSError:
-            self._count("missed")
+            if count_miss:
+                self._count("missed")
             return None
         found = decode_record(data)
         if found is None or found[0] != identity:
@@ -267,6 +266,10 @@ class ClosureStore:
             self.stats.bytes = total
 
     # -- helpers ---------------------------------------------------------------------
+
+    def count(self, result: str) -> None:
+        """Count one ``result`` (a caller's miss after several lookups)."""
+        self._count(result)
 
     def _count(self, result: str) -> None:
         with self._lock:

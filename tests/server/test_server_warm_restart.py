@@ -1,0 +1,257 @@
+"""Warm after a restart (issue 28; server/store/closurestore.py, docs/ARCHITECTURE.md
+"Closure store").
+
+A live gitspout clones a bitmapped repository whose tips the bitmaps do not cover (commits
+after the repack, loose and in a second pack, a branch off old history), with real C git,
+full and ``--filter=blob:none``. It is stopped; a new process on the same pack-cache
+directory serves the same clones from the closures the first one left, counted on
+/metrics, without walking (``result="missed"`` counts every walk of such a closure). Every
+clone is fsck-clean and holds what the same clone over ``file://`` holds. A repack between
+the two processes makes the stored closures stale, a ref change makes them miss, a damaged
+file is removed: each is counted, and the answers stay right.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
+from rawhttp import request
+
+from gitspout.server.store.closurestore import (
+    STORE_DIR,
+    ClosureStore,
+    decode_record,
+    encode_record,
+)
+
+FILTERS = ("blob:none", "")  # blob:none first: a full closure would answer it
+
+
+def _build(git: Git, root: Path) -> Path:
+    """app.git: a bitmapped pack, then commits after it (a second pack, then loose) on
+    main and on a branch from old history, and a tag: tips no bitmap covers."""
+    work = root.parent / f"{root.name}-work"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(12):
+        c.commit({f"d{i % 3}/f{i}.txt": f"line {i}\n" * (i + 5), "top.txt": f"v{i}\n"},
+                 f"commit {i}")
+    c.tag("v1", "release 1")
+    repo = root / "app.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(repo))
+    git.run("config", "uploadpack.allowFilter", "true", cwd=repo)
+    git.run("repack", "-q", "-adb", cwd=repo)
+    git.run("checkout", "-q", "-b", "side", "HEAD~6", cwd=work)
+    c.commit({"side.txt": "side\n", "d1/f4.txt": "changed on side\n"}, "side 1")
+    git.run("checkout", "-q", "main", cwd=work)
+    for i in range(3):
+        c.commit({f"d2/new{i}.txt": f"new {i}\n", "top.txt": f"after {i}\n"}, f"after {i}")
+    git.run("push", "-q", str(repo), "main", "side", cwd=work)
+    git.run("repack", "-q", "-d", cwd=repo)  # a second pack, no bitmap
+    for i in range(2):
+        c.commit({f"d0/loose{i}.txt": f"loose {i}\n"}, f"loose {i}")
+    c.tag("v2", "release 2")
+    git.run("push", "-q", str(repo), "main", "v2", cwd=work)  # loose objects
+    assert len(list((repo / "objects" / "pack").glob("*.bitmap"))) == 1
+    return repo
+
+
+@pytest.fixture
+def warm_root(tmp_path: Path, git: Git) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    _build(git, root)
+    return root
+
+
+def _store_counts(port: int) -> dict[str, float]:
+    resp = request(port, "GET", "/metrics")
+    assert resp.status == 200
+    out = {}
+    for line in resp.text.splitlines():
+        m = re.match(r'gitspout_closure_store_total\{result="(\w+)"\} (\S+)$', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def _start(root: Path, cache: Path, *extra: str) -> LiveServer:
+    return start_server(root, ["--pack-cache-dir", str(cache), *extra])
+
+
+def _clone_equal(git: Git, srv: LiveServer, tmp: Path, name: str, spec: str) -> None:
+    """A real mirror clone over HTTP (filtered by ``spec``), fsck-clean and holding what
+    the same clone over ``file://`` holds."""
+    filt = [f"--filter={spec}"] if spec else []
+    dest, ref = tmp / name, tmp / f"{name}-file"
+    git.run("-c", "protocol.version=2", "clone", "-q", "--mirror", *filt,
+            f"{srv.url}/app.git", str(dest))
+    git.run("clone", "-q", "--mirror", "--no-local", *filt,
+            f"file://{srv.root / 'app.git'}", str(ref))
+    fsck(git, dest)
+    assert repo_state(git, dest) == repo_state(git, ref)
+
+
+def _clones(git: Git, srv: LiveServer, tmp: Path, tag: str) -> None:
+    for spec in FILTERS:
+        _clone_equal(git, srv, tmp, f"{tag}-{spec or 'full'}", spec)
+
+
+def _first_process(git: Git, root: Path, cache: Path, tmp: Path, *extra: str) -> dict[str, float]:
+    """Clone with a fresh process, wait until what it walked is on disk, stop it."""
+    srv = _start(root, cache, *extra)
+    try:
+        _clones(git, srv, tmp, "first")
+        counts = poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+                      30, "closures written")
+        assert counts["loaded"] == 0 and counts["missed"] >= 2, counts
+    finally:
+        srv.stop()
+    return counts
+
+
+def _files(cache: Path) -> list[Path]:
+    return sorted((cache / STORE_DIR).glob("*/*.clo"))
+
+
+def test_restarted_server_loads_closures_instead_of_walking(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    assert len(_files(cache)) >= 2
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)
+        # One closure a clone, read from the disk; no closure walked (none missed).
+        assert counts["loaded"] == 2 and counts["missed"] == 0, counts
+        assert counts["stale"] == counts["corrupt"] == 0, counts
+    finally:
+        srv.stop()
+
+
+def test_workers_share_the_store_across_a_restart(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path, "--workers", "2")
+    srv = _start(warm_root, cache, "--workers", "2")
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)  # summed over the workers
+        assert counts["loaded"] == 2 and counts["missed"] == 0, counts
+    finally:
+        srv.stop()
+
+
+def test_repack_between_restarts_makes_the_closures_stale(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    old = _files(cache)
+    # A new bitmapped pack of new commits: the old bitmap's checksum names no pack now.
+    work = tmp_path / "work"
+    git.run("clone", "-q", str(warm_root / "app.git"), str(work))
+    Committer(git, work, start=1_700_000_000).commit({"late.txt": "late\n"}, "late")
+    git.run("push", "-q", "origin", "main", cwd=work)
+    git.run("repack", "-q", "-adb", cwd=warm_root / "app.git")
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)
+        assert counts["loaded"] == 0 and counts["stale"] >= 2, counts
+        assert not set(old) & set(_files(cache))  # the old pack's closures are gone
+    finally:
+        srv.stop()
+
+
+def test_ref_change_between_restarts_is_not_served_from_the_store(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    repo = warm_root / "app.git"
+    # A ref deleted: its objects must not come from the old tips' closure.
+    git.run("update-ref", "-d", "refs/heads/side", cwd=repo)
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)
+        assert counts["loaded"] == 0 and counts["missed"] >= 2, counts
+        side = git.out("-C", str(tmp_path / "first-full"), "rev-parse", "side").strip()
+        got = git.out("-C", str(tmp_path / "second-full"), "cat-file", "--batch-check",
+                      input=(side + "\n").encode())
+        assert "missing" in got  # the deleted branch's commit was not sent
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_damaged_store_file_is_removed_and_walked_again(
+        warm_root: Path, git: Git, tmp_path: Path, damage: str) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    files = _files(cache)
+    for path in files:
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0x40
+        elif damage == "truncate":
+            del data[len(data) - 7:]
+        else:
+            data = bytearray()
+        path.write_bytes(bytes(data))
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+                      30, "closures written again")
+        assert counts["loaded"] == 0 and counts["corrupt"] == len(files), counts
+    finally:
+        srv.stop()
+    for path in _files(cache):  # written again, whole
+        assert decode_record(path.read_bytes()) is not None
+
+
+# -- the store alone -------------------------------------------------------------------
+
+
+def test_record_round_trip_and_damage() -> None:
+    data = encode_record(b"identity", b"payload" * 100)
+    assert decode_record(data) == (b"identity", b"payload" * 100)
+    for bad in (data[:-1], data + b"x", data[:20], b"",
+                data[:40] + bytes([data[40] ^ 1]) + data[41:]):
+        assert decode_record(bad) is None
+
+
+def test_store_answers_only_its_identity_and_keeps_its_budget(tmp_path: Path) -> None:
+    store = ClosureStore(str(tmp_path), 4096)
+    store.save("s", "a", b"id-a", b"x" * 600)
+    store.flush()
+    assert store.load("s", "a", b"id-a") == b"x" * 600
+    assert store.load("s", "a", b"id-b") is None  # another pack: stale, removed
+    assert store.load("s", "a", b"id-a") is None
+    assert store.stats.results["stale"] == 1 and store.stats.results["missed"] == 1
+    for k in range(12):  # 12 files of about 700 bytes in a budget of 4 KiB
+        store.save("s", f"n{k}", b"id", b"y" * 600)
+    store.flush()
+    total = sum(p.stat().st_size for p in (tmp_path / STORE_DIR).glob("*/*.clo"))
+    assert total <= 4096 and store.stats.results["evicted"] > 0
+    assert store.load("s", "n11", b"id") == b"y" * 600  # the newest kept
+
+
+def test_store_refuses_a_directory_others_may_write(tmp_path: Path) -> None:
+    (tmp_path / STORE_DIR).mkdir(mode=0o777)
+    os.chmod(tmp_path / STORE_DIR, 0o777)
+    store = ClosureStore(str(tmp_path), 1 << 20)
+    assert not store.enabled
+    store.save("s", "a", b"id", b"x")
+    assert store.load("s", "a", b"id") is None
+    assert not list((tmp_path / STORE_DIR).iterdir())
