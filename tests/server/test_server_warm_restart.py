@@ -18,15 +18,14 @@ import re
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
-from rawhttp import request
-
 from gitspout.server.store.closurestore import (
     STORE_DIR,
     ClosureStore,
     decode_record,
     encode_record,
 )
+from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
+from rawhttp import request
 
 FILTERS = ("blob:none", "")  # blob:none first: a full closure would answer it
 
