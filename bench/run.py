@@ -971,6 +971,8 @@ class Bench:
         self.samples = samples
         self.sides = sides
         self.pushes: dict[str, dict[str, Any]] = {}
+        self.cold_store = "empty"  # --cold-store
+        self.b_cache: Path | None = None  # B's --pack-cache-dir, where its closure store is
         self._template: Path | None = None
         self.fleet_repos = fleet_repos
 
@@ -1030,6 +1032,9 @@ class Bench:
         # cold runs are numbered 0, -1, -2...: a case's state (a copy to fetch into) is named
         # by its run
         plan: list[tuple[Side, int, bool]] = [(b, -k, True) for k in range(self.cold_runs)]
+        prime = self.cold_store == "warm"
+        if prime:  # an untimed first process leaves its closures for the cold runs
+            plan.insert(0, (b, -self.cold_runs, True))
         for r in range(1, self.rounds + 1):
             plan += [(a, r, False), (b, r, False)]
         states: list[Any] = []
@@ -1040,12 +1045,21 @@ class Bench:
                 os.sync()  # do not let writeback of the copies land in a measurement
             first = True
             for (side, run, cold), state in zip(plan, states, strict=True):
-                check = first or (side is a and run == 1)  # first run of each server
+                # first run of each server; every cold run read from a warm closure store
+                check = first or (side is a and run == 1) or (cold and self.cold_store == "warm")
                 if cold:
+                    if self.cold_store == "empty" and self.b_cache is not None:
+                        shutil.rmtree(self.b_cache / "gitspout-closures", ignore_errors=True)
                     b.restart()
                 first = False
                 side.ensure_alive()
                 sample = self.measure(side, variant, case, run, cold, state, check)
+                if prime:
+                    prime = False
+                    print(f"  (untimed run for the closure store: {sample.line().strip()})",
+                          flush=True)
+                    case.cleanup(state)
+                    continue
                 self.samples.append(sample)
                 print(sample.line(), flush=True)
                 case.cleanup(state)
@@ -1307,6 +1321,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cold-runs", type=int, default=1,
                     help="B cold runs per case, each on a freshly restarted gitspout; the "
                          "cold figures are their median (default 1)")
+    ap.add_argument("--cold-store", choices=["empty", "warm"], default="empty",
+                    help="B's closure store (--pack-cache-dir of the run's own) at each cold "
+                         "restart: 'empty' (truly cold) or 'warm': left by an untimed run of "
+                         "the same case in a previous gitspout process (the first clone "
+                         "after a restart on the same disk)")
     ap.add_argument("--b-arg", action="append", default=[], metavar="ARG",
                     help="an extra argument for gitspout serve (repeatable), e.g. "
                          "--b-arg=--pack-cache-ttl=0.001 (coalescing only, no hits across "
@@ -1404,6 +1423,7 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "root_sets": args.root_sets, "variants": args.variant_list, "cases": args.case_list,
         "rounds": args.rounds, "cold_runs": args.cold_runs, "quick": args.quick,
+        "cold_store": args.cold_store,
         "gitspout_commit": out(["git", "rev-parse", "HEAD"]),
         "gitspout_dirty": bool(out(["git", "status", "--porcelain", "--", "server",
                                     "protocol"])),
@@ -1517,14 +1537,18 @@ def run(args: argparse.Namespace) -> int:
                 _copy_root(rs, args.variant_list, rtmp / "root")
                 root = rtmp / "root"
                 _make_probe_repo(root)
+                b_cache = rtmp / "b-cache"  # survives B's restarts: its closure store
+                b_cache.mkdir()
                 sides = _make_sides(root, gitspout_bin, snapshot, args.keep_tmp,
                                     (TINY_BUDGETS if args.fleet_budgets == "tiny" else ())
-                                    + tuple(args.b_arg))
+                                    + ("--pack-cache-dir", str(b_cache)) + tuple(args.b_arg))
                 try:
                     for side in sides.values():
                         side.start()
                     bench = Bench(rs, args.variant_list, args.case_list, args.rounds, rtmp,
                                   samples, sides, args.fleet_repos, args.cold_runs)
+                    bench.cold_store = args.cold_store
+                    bench.b_cache = b_cache
                     bench.run()
                     pushes.update(bench.pushes)
                 finally:
@@ -1602,7 +1626,10 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
                      [[f"{r.repo} {r.variant} {r.case}", _f(r.a_objects, ".0f"),
                        _f(r.b_objects, ".0f"), _x(r.ratios.get("objects")),
                        _f(r.b_cold_objects, ".0f")] for r in counted]))
-    print("\n--- gitspout cold (first request after restart) vs. git-http-backend median ---")
+    store = ("from a warm closure store (left by an untimed earlier process)"
+             if getattr(args, "cold_store", "empty") == "warm" else "closure store empty")
+    print(f"\n--- gitspout cold (first request after restart; {store}) vs. "
+          "git-http-backend median ---")
     print(cold_table(rows))
     print("\n--- targets: verdict on the medians (warm for B); [cold: verdict] and (cold x) "
           "use B's cold run against A's median ---")
@@ -1642,7 +1669,8 @@ def reprint(path: Path) -> int:
     rows = summarise(samples)
     report(rows, targets(rows, meta["root_sets"]), samples, data.get("log_problems", {}),
            meta.get("seconds", 0.0),
-           argparse.Namespace(rounds=meta["rounds"], cold_runs=meta.get("cold_runs", 1)))
+           argparse.Namespace(rounds=meta["rounds"], cold_runs=meta.get("cold_runs", 1),
+                              cold_store=meta.get("cold_store", "empty")))
     return 0
 
 
