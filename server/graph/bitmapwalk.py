@@ -193,32 +193,36 @@ class BitmapIndex:
             hit = cache.get(key if held == ALL else (*key, held))
             if hit is not None:
                 return hit.copy()
-        hit = self._stored(disk, digest, level) if disk is not None else None
+        fuller = (level, *reversed(_LEVELS[: _LEVELS.index(level)]))
+        hit = self.load_stored(disk, digest, fuller) if disk is not None else None
         if hit is None:
             hit = self.reach(roots, level=level)
             if disk is not None:
-                disk.save(*self._disk_key(digest, level), hit.to_bytes())
+                self.save_stored(disk, digest, level, hit)
         cache.put(key if level == ALL else (*key, level), hit, hit.nbytes + 64 * len(hit.extra))
         return hit.copy()
 
-    def _disk_key(self, digest: bytes, level: str) -> tuple[str, str, bytes]:
-        """(scope, name, identity) of a closure in the closure store. The closure of given
-        roots is a function of immutable objects; only where its bits stand depends on
-        the bitmapped pack, so the pack's checksum and size pin it down with the roots
-        (objects outside the pack are kept by id). The scope is the repository's objects
-        directory, so that the files of a pack replaced there can be found and removed."""
+    def _disk_key(self, digest: bytes, kind: str) -> tuple[str, str, bytes]:
+        """(scope, name, identity) of a closure in the closure store. A closure of given
+        roots (or a filtered one of a pack order) is a function of immutable objects;
+        only where its bits stand depends on the bitmapped pack, so the pack's checksum
+        and size pin it down with the roots (objects outside the pack are kept by id).
+        The scope is the repository's objects directory, so that the files of a pack
+        replaced there can be found and removed."""
         pack = self.pack
         scope = hashlib.sha256(self.src.odb.objects_dir.encode()).hexdigest()[:20]
-        name = f"{pack.checksum.hex()[:16]}-{level}-{digest.hex()[:40]}"
-        identity = b"|".join((pack.checksum, str(pack.count).encode(), level.encode(), digest))
+        name = f"{pack.checksum.hex()[:16]}-{kind}-{digest.hex()[:40]}"
+        identity = b"|".join((pack.checksum, str(pack.count).encode(), kind.encode(), digest))
         return scope, name, identity
 
-    def _stored(self, disk: ClosureStore, digest: bytes, level: str) -> Reach | None:
-        """The closure of ``level`` or a fuller one, from the closure store; one miss
-        counted when there is none (the walk that follows)."""
+    def load_stored(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str]
+                    ) -> Reach | None:
+        """The first of ``kinds`` of the closure named by ``digest`` that the closure
+        store has; one miss counted when it has none (the walk that follows), and the
+        files of packs this repository no longer uses removed."""
         scope = ""
-        for held in (level, *reversed(_LEVELS[: _LEVELS.index(level)])):
-            scope, name, identity = self._disk_key(digest, held)
+        for kind in kinds:
+            scope, name, identity = self._disk_key(digest, kind)
             data = disk.load(scope, name, identity, count_miss=False)
             if data is not None:
                 found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
@@ -227,6 +231,10 @@ class BitmapIndex:
         disk.count("missed")
         disk.sweep(scope, self.pack.checksum.hex()[:16])
         return None
+
+    def save_stored(self, disk: ClosureStore, digest: bytes, kind: str, reach: Reach) -> None:
+        """Leave ``reach`` in the closure store for the next process (written later)."""
+        disk.save(*self._disk_key(digest, kind), reach.to_bytes())
 
     def reach(self, roots: Iterable[bytes], base: Reach | None = None,
               level: str = ALL) -> Reach:

@@ -122,21 +122,29 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     return source
 
 
+FILTERED = "filtered"  # a filtered closure of a pack order, in the closure store
+
+
 def _filtered_reach(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex
                     ) -> tuple[Reach, Reach | None]:
     """The wants' closure minus the haves', filtered; and the haves' closure. Without haves
     the filtered closure is kept across requests like the closure itself (keyed by the
     order), so a second identical filtered clone neither filters nor looks up tips."""
     caches = objects.caches
+    disk = caches.closures.disk
     wants = list(order.wants)
     key: tuple[object, ...] | None = None
     if not order.common and order.filter is not None:
         key = (bi.pack.key, order.key)
         hit = caches.filtered.get(key)
+        if hit is None and disk is not None:  # a previous process's (store/closurestore.py)
+            hit = bi.load_stored(disk, order.key, (FILTERED,))
+            if hit is not None:
+                caches.filtered.put(key, hit, hit.nbytes + 64 * len(hit.extra))
         if hit is not None:
             return hit.copy(), None
     reach = bi.reach_cached(wants, caches.closures.sets, level=filter_walk_level(order.filter),
-                            disk=caches.closures.disk)
+                            disk=disk)
     haves: Reach | None = None
     if order.common:
         haves = bi.reach(order.common)
@@ -146,6 +154,8 @@ def _filtered_reach(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex
     bi.apply_filter(reach, order.filter, wants)
     if key is not None:
         caches.filtered.put(key, reach.copy(), reach.nbytes + 64 * len(reach.extra))
+        if disk is not None:
+            bi.save_stored(disk, order.key, FILTERED, reach)
     return reach, haves
 
 
