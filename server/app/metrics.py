@@ -229,9 +229,9 @@ class _FaultCollector:
 
 class ClosureStoreCollector:
     """``gitspout_closure_store_total{result}`` and ``gitspout_closure_store_bytes``
-    (store/closurestore.py): closures read from the local disk instead of walked
-    (loaded), walked for want of one (missed), written, removed (stale: their pack was
-    replaced; corrupt; evicted over the budget) or not written (dropped)."""
+    (store/closurestore.py): closures and layouts read from the local disk instead of
+    computed (loaded), computed for want of one (missed), written, removed (stale: their
+    pack was replaced; corrupt; evicted over the budget) or not written (dropped)."""
 
     def __init__(self, store: ClosureStore) -> None:
         self.store = store
@@ -240,8 +240,9 @@ class ClosureStoreCollector:
         st = self.store.stats
         fam = CounterMetricFamily(
             "gitspout_closure_store",
-            "Closures on the local disk by result: loaded (instead of a walk), missed "
-            "(walked), written, stale (pack replaced), corrupt, evicted, dropped.",
+            "Closures and layouts on the local disk by result: loaded (instead of "
+            "computed), missed (computed), written, stale (pack replaced), corrupt, "
+            "evicted, dropped.",
             labels=["result"])
         for result in RESULTS:
             fam.add_metric([result], st.results.get(result, 0))

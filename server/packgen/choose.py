@@ -116,7 +116,8 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     source = ReusePackSource(odb, selection, ofs_delta=order.ofs_delta, thin=thin,
                              delta_hints=enum.hints, newer_hints=enum.newer,
                              listed_only=listed_only,
-                             inflate=objects.inflate, layouts=caches.layouts)
+                             inflate=objects.inflate, layouts=caches.layouts,
+                             layout_disk=caches.closures.disk)
     source.stats.kind = "walk"
     source.stats.offloaded = offloaded
     return source
@@ -181,7 +182,8 @@ def _from_bitmaps(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex) -> P
         thin = _thin_from_reach(bi, haves)
     source = ReusePackSource(objects.odb, selection, ofs_delta=order.ofs_delta, thin=thin,
                              delta_hints=reach.hints, inflate=objects.inflate,
-                             layouts=objects.caches.layouts)
+                             layouts=objects.caches.layouts,
+                             layout_disk=objects.caches.closures.disk)
     source.stats.kind = "bitmap"
     source.stats.offloaded = offloaded
     return source

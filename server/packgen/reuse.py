@@ -82,7 +82,8 @@ class ReusePackSource(EntryWriter):
             # Entries whose base is not sent are written whole by the layout only when no
             # better base exists: a thin pack refers to the client's, hints give new deltas.
             resolve = self.odb.read if self.thin is None and not self.hints else None
-            layout = layout_for(part.pack, part.order, resolve, self.compression, self.layouts)
+            layout = layout_for(part.pack, part.order, resolve, self.compression, self.layouts,
+                                    self.layout_disk)
             if layout is not None:
                 yield from self._copy_layout(part, layout, out)
                 return

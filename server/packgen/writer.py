@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable, Generator, Iterator
 
 from ..store.bigobjects import LARGE_OBJECT, PIECE, ByteBudget, iter_loose
+from ..store.closurestore import ClosureStore
 from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_TREE, OFS_DELTA, REF_DELTA
 from ..store.odb import ObjectSnapshot, PackedLocation
@@ -50,6 +51,7 @@ class EntryWriter:
         listed_only: bool = False,
         inflate: ByteBudget | None = None,
         layouts: ByteLRU[Layout] | None = None,
+        layout_disk: ClosureStore | None = None,
     ) -> None:
         self.odb = odb
         self.selection = selection
@@ -64,6 +66,7 @@ class EntryWriter:
         # Large objects held whole at once, over all requests (--inflate-memory).
         self.inflate = inflate if inflate is not None else ByteBudget()
         self.layouts = layouts  # kept across requests (caches.py); None: not kept
+        self.layout_disk = layout_disk  # large layouts also kept for the next process
         # CPU seconds this pack may spend making new deltas (packgen/delta.py: about a
         # millisecond for a 69 KB file, plus reading the base); past the budget objects go
         # whole.

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+from array import array
 from pathlib import Path
 
 import pytest
+from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
     ClosureStore,
@@ -219,6 +221,51 @@ def test_damaged_store_file_is_removed_and_walked_again(
         assert decode_record(path.read_bytes()) is not None
 
 
+def _build_long(git: Git, root: Path) -> None:
+    """long.git: 1,500 commits by fast-import, each changing a file under d/: a blob:none
+    clone sends over 4,096 entries of the bitmapped pack, whose layout is kept on disk
+    (packgen/layout.py DISK_LAYOUT_ENTRIES)."""
+    repo = root / "app.git"
+    git.run("init", "-q", "--bare", "-b", "main", str(repo))
+    parts = []
+    for i in range(1500):
+        body = f"version {i}\n" * (1 + i % 5)
+        msg = f"commit {i}\n"
+        parts.append(f"blob\nmark :{2 * i + 1}\ndata {len(body)}\n{body}\n")
+        parts.append(f"commit refs/heads/main\nmark :{2 * i + 2}\n"
+                     f"committer T <t@example.com> {1_600_000_000 + 60 * i} +0000\n"
+                     f"data {len(msg)}\n{msg}"
+                     + (f"from :{2 * i}\n" if i else "")
+                     + f"M 100644 :{2 * i + 1} d/f{i % 7}.txt\n\n")
+    git.run("fast-import", "--quiet", cwd=repo, input="".join(parts).encode())
+    git.run("config", "uploadpack.allowFilter", "true", cwd=repo)
+    git.run("repack", "-q", "-adb", cwd=repo)
+
+
+def test_restarted_server_loads_a_large_layout(git: Git, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    _build_long(git, root)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    srv = _start(root, cache)
+    try:
+        _clone_equal(git, srv, tmp_path, "first", "blob:none")
+        # the filtered closure and the layout of its entries
+        poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+             30, "closure and layout written")
+    finally:
+        srv.stop()
+    assert any("-layout" in p.name for p in _files(cache))
+    srv = _start(root, cache)
+    try:
+        _clone_equal(git, srv, tmp_path, "second", "blob:none")
+        counts = _store_counts(srv.port)
+        assert counts["loaded"] == 2 and counts["missed"] == 0, counts
+    finally:
+        srv.stop()
+
+
 # -- the store alone -------------------------------------------------------------------
 
 
@@ -254,3 +301,14 @@ def test_store_refuses_a_directory_others_may_write(tmp_path: Path) -> None:
     store.save("s", "a", b"id", b"x")
     assert store.load("s", "a", b"id") is None
     assert not list((tmp_path / STORE_DIR).iterdir())
+
+
+def test_layout_record_round_trip_and_mismatch() -> None:
+    layout = Layout(array("I", [1, 2, 5]), array("Q", [0, 10, 30]), b"lit",
+                    array("Q", [0, 3, 3]), array("Q", [100, 140]), array("Q", [120, 160]),
+                    60, 1, 1, 0)
+    data = encode_layout(layout)
+    assert decode_layout(data, array("I", [1, 2, 5])) == layout
+    assert decode_layout(data, array("I", [1, 2, 6])) is None  # other entries
+    for bad in (data[:-1], data + b"x", data[:50], b""):
+        assert decode_layout(bad, array("I", [1, 2, 5])) is None
