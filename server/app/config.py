@@ -544,11 +544,6 @@ def _validate(cfg: Config) -> None:
     text = cfg.workers.strip().lower()
     if text != "auto" and not (text.isdigit() and 1 <= int(text) <= 256):
         raise ConfigError(f"workers must be 'auto' or a number from 1 to 256, not {cfg.workers!r}")
-    if cfg.bundles and text != "1":
-        # Each worker would keep bundles of its own, under the same names: a client could
-        # be offered one worker's file and resume it from another's.
-        raise ConfigError("bundles are not supported with more than one worker yet "
-                          "(--workers 1, or no --bundles)")
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 

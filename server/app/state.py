@@ -70,9 +70,10 @@ class ServerState:
     worker_stats: WorkerStats | None = None  # --workers: /metrics over every worker
 
     @classmethod
-    def create(cls, cfg: Config, shared_cache: str = "") -> ServerState:
+    def create(cls, cfg: Config, shared_cache: str = "", shared_bundles: str = "") -> ServerState:
         """Everything built once from the config; each budget handed to its enforcer.
-        ``shared_cache``: the pack-cache directory a master shares among its workers."""
+        ``shared_cache``, ``shared_bundles``: the pack-cache and bundle directories a
+        master shares among its workers."""
         budgets = Budgets.from_config(cfg)
         if shared_cache:
             budgets = replace(budgets, pack_cache=replace(budgets.pack_cache,
@@ -105,7 +106,7 @@ class ServerState:
         state.metrics.registry.register(HeapTrimCollector(state.trimmer))
         state.offload = OffloadMetrics(state.metrics.registry)
         if cfg.bundles:
-            state.bundles = BundleStore(cfg, state.offload)
+            state.bundles = BundleStore(cfg, state.offload, shared_bundles)
         state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 

@@ -28,6 +28,7 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan, plan_fetch
 from ..core.framing import ResponseHead, frame_empty_v0, frame_fetch
 from ..packgen import PackStream
+from .bundles import full_clone
 from .errors import answer_for
 from .httpreq import ADVERTISEMENT, RESULT, UPLOAD_PACK, start_response
 from .metrics import RequestRecord
@@ -151,20 +152,19 @@ def _offloaded(state: ServerState, scope: RequestScope, decided: _Decided) -> No
     if state.offload is not None and decided.uris:
         state.offload.packfile_uris.inc(decided.uris)
     store, view = state.bundles, scope.view
-    if store is None or view is None or view.namespace:
+    if store is None or view is None or view.namespace or not full_clone(decided.plan):
         return
-    if store.note_clone(view.repo, decided.plan):
-        ctx = state.detached_view(view.repo)
+    ctx = state.detached_view(view.repo)
 
-        def write() -> None:
-            try:
-                store.write(ctx)
-            except Exception:  # logged; the next due clone tries again
-                log.exception("writing the bundle of %s failed", view.repo.url_path)
-            finally:
-                ctx.close()
+    def note() -> None:
+        try:
+            store.note_clone(ctx)
+        except Exception:  # logged; the next due clone tries again
+            log.exception("writing the bundle of %s failed", view.repo.url_path)
+        finally:
+            ctx.close()
 
-        state.pool.submit_for(("bundle", view.repo.url_path), write)
+    state.pool.submit_for(("bundle", view.repo.url_path), note)
 
 
 def _pack_slot(state: ServerState, scope: RequestScope,
