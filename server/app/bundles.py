@@ -68,6 +68,18 @@ class OffloadMetrics:
         self.packfile_uris = Counter("gitspout_packfile_uris",
                                      "Objects sent as packfile URIs instead of in the pack.",
                                      registry=registry)
+        self.blob_packs_written = Counter("gitspout_blob_packs_written",
+                                          "One-blob packs gitspout wrote for packfile URIs.",
+                                          registry=registry)
+        self.blob_pack_bytes_written = Counter("gitspout_blob_pack_written_bytes",
+                                               "Bytes of the one-blob packs gitspout wrote.",
+                                               registry=registry)
+        self.blob_pack_requests = Counter("gitspout_blob_pack_requests",
+                                          "One-blob pack downloads from gitspout, by result.",
+                                          ["result"], registry=registry)
+        self.packfile_uri_bytes = Counter("gitspout_packfile_uri_served_bytes",
+                                          "Bytes of one-blob packs served (ranges counted "
+                                          "as sent).", registry=registry)
 
 
 class BundleStore:

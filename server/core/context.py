@@ -35,6 +35,7 @@ from ..store.refs import read_ref_snapshot
 from ..store.refsnapshot import RefSnapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
+from .bigblobs import BlobUriPolicy
 
 __all__ = ["RequestContext", "small_prefixes", "KEY_PREFIX_BYTES"]
 
@@ -95,6 +96,8 @@ class RequestContext:
     # gitspout's own bundles (app/bundles.py): the bundle list this client may be given
     # (None: none), asked only by a bundle-uri command. Set: the capability is advertised.
     bundle_offer: Callable[[RequestContext], list[tuple[bytes, bytes]] | None] | None = None
+    # --blob-uri-threshold (core/bigblobs.py): large blobs as packfile URIs; None: never
+    blob_uris: BlobUriPolicy | None = None
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
