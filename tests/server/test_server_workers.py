@@ -256,6 +256,32 @@ def test_bundles_shared_by_workers(workers_root: Path, git: Git, tmp_path: Path)
     assert list((where / "gitspout-bundles").iterdir()) == []  # the master removed it
 
 
+def test_blob_packs_shared_by_workers(workers_root: Path, git: Git, tmp_path: Path) -> None:
+    """--blob-uri-threshold with two workers: the large blob's pack, written by one, is
+    served by both (fresh connections), and clones taking it are fsck-clean."""
+    where = tmp_path / "blobs"
+    srv = _start(workers_root, ("--blob-uri-threshold", "1M", "--bundle-dir", str(where)))
+    try:
+        for i in range(3):
+            dest = tmp_path / f"c{i}"
+            git.run("-c", "protocol.version=2", "-c", "fetch.uriprotocols=http", "clone", "-q",
+                    "--bare", f"{srv.url}/app.git", str(dest))
+            fsck(git, dest)
+            assert len(list((dest / "objects" / "pack").glob("*.pack"))) == 2
+        assert _samples(srv.port, "gitspout_blob_packs_written_total") == {"": 1}
+        (shared,) = (where / "gitspout-blobpacks").iterdir()
+        (name,) = [p.name for p in shared.glob("*.pack")]
+        before = _samples(srv.port, "gitspout_worker_requests_total")
+        for _ in range(20):
+            resp = request(srv.port, "GET", f"/app.git/gitspout-blobpack/{name}")
+            assert resp.status == 200 and len(resp.body) > BLOB
+        after = _samples(srv.port, "gitspout_worker_requests_total")
+        assert len(after) == 2 and all(after[k] > before.get(k, 0) for k in after), after
+    finally:
+        srv.stop()
+    assert list((where / "gitspout-blobpacks").iterdir()) == []
+
+
 def test_auto_counts_affinity_and_cgroup_quota(tmp_path: Path) -> None:
     from gitspout.server.app.workers import usable_cpus
 
