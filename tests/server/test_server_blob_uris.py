@@ -110,8 +110,8 @@ def test_clone_takes_large_blobs_by_uri(git: Git, tmp_path: Path, bu_root: dict[
     dest = tmp_path / "c"
     proc = subprocess.run(["git", "-c", "protocol.version=2", "-c", "fetch.uriprotocols=http",
                            "clone", "-q", "--bare", f"{bu_server.url}/repo.git", str(dest)],
-                          env=git_env(git.home, {"GIT_TRACE_PACKET": "1", "GIT_TRACE_REDACT": "0"}), capture_output=True,
-                          timeout=120, check=True)
+                          env=git_env(git.home, {"GIT_TRACE_PACKET": "1", "GIT_TRACE_REDACT": "0"}),
+                          capture_output=True, timeout=120, check=True)
     fsck(git, dest)
     ref = tmp_path / "ref"
     git.run("clone", "-q", "--bare", "--no-local", f"file://{repo}", str(ref))
