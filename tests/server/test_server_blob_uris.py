@@ -41,6 +41,9 @@ def bu_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> dict[str, obj
     rnd = random.Random(29)
     c.commit({"a.bin": rnd.randbytes(BIG), "small.txt": "small\n"}, "a")
     c.commit({"b.bin": rnd.randbytes(BIG), "small.txt": "smaller\n"}, "b")
+    a2 = bytearray((work / "a.bin").read_bytes())
+    a2[1000:1010] = b"x" * 10
+    c.commit({"a.bin": bytes(a2)}, "a2: one version of the two is stored as a delta")
     git.run("checkout", "-q", "-b", "side", cwd=work)
     c.commit({"t.bin": rnd.randbytes(BIG)}, "tagged")
     git.run("tag", "-a", "-m", "v", "v1", cwd=work)
@@ -54,8 +57,14 @@ def bu_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> dict[str, obj
     git.run("config", "transfer.hideRefs", "refs/hidden", cwd=repo)
     secret = git.out("rev-parse", "refs/hidden/s:s.bin", cwd=repo).strip()
     large = {git.out("rev-parse", f"{rev}:{path}", cwd=repo).strip()
-             for rev, path in (("main", "a.bin"), ("main", "b.bin"), ("v1", "t.bin"))}
-    return {"root": root, "repo": repo, "secret": secret, "large": large}
+             for rev, path in (("main", "a.bin"), ("main~1", "a.bin"), ("main", "b.bin"),
+                               ("v1", "t.bin"))}
+    # Of the two versions of a.bin, one is a delta in the pack: it stays in the fetch's.
+    check = git.out("cat-file", "--batch-check=%(objectname) %(deltabase)", cwd=repo,
+                    input="\n".join(sorted(large)).encode())
+    whole = {line.split()[0] for line in check.splitlines() if set(line.split()[1]) == {"0"}}
+    assert len(whole) == 3
+    return {"root": root, "repo": repo, "secret": secret, "large": whole}
 
 
 @pytest.fixture(scope="module")
