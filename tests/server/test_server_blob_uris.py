@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from gitutil import Committer, Git, LiveServer, fsck, git_env, repo_state, start_server
-from offloadkit import pack_count, sections
+from offloadkit import c_upload_pack, pack_count, sections
 from rawhttp import DELIM, FLUSH, get_info_refs, metric, parse_pkts, pkt_lines, post_upload_pack, request
 
 BIG = 150_000  # bytes of each large blob (random: stored whole, not compressed much)
@@ -154,6 +154,25 @@ def test_section_and_packs(git: Git, tmp_path: Path, bu_root: dict[str, object],
     plain = post_upload_pack(bu_server.port, _fetch_body([main], "https"), "repo.git", version=2)
     p_head, p_pack = sections(parse_pkts(plain.body))
     assert p_head == [b"packfile\n"] and pack_count(pack) == pack_count(p_pack) - 2
+    # C git's answer when its config names the same packs (uploadpack.blobPackfileUri;
+    # C git honours it for loose objects only): the same section, the same pack count.
+    loose = tmp_path / "loose.git"
+    git.run("init", "-q", "--bare", str(loose))
+    packs = list((repo / "objects" / "pack").glob("*.pack"))
+    for p in packs:
+        git.run("unpack-objects", "-q", cwd=loose, input=p.read_bytes())
+    git.run("fetch", "-q", str(repo), "main:refs/heads/main", cwd=loose)
+    git.run("config", "uploadpack.allowsidebandall", "true", cwd=loose)
+    for m in found:
+        git.run("config", "--add", "uploadpack.blobpackfileuri",
+                f"{m.group(3)} {m.group(1)} {m.group(2)}", cwd=loose)
+    c_head, c_pack = sections(parse_pkts(c_upload_pack(git, loose, _fetch_body([main]))))
+    ours = post_upload_pack(bu_server.port, _fetch_body([main]), "repo.git", version=2)
+    head, _ = sections(parse_pkts(ours.body))
+    assert c_head[0] == head[0] == b"packfile-uris\n"
+    assert sorted(c_head[1:3]) == sorted(head[1:3])  # type: ignore[type-var]
+    assert c_head[3:] == head[3:] == [None, b"packfile\n"]
+    assert pack_count(c_pack) == pack_count(pack)
     for m in found:
         data = request(bu_server.port, "GET", _path(bu_server, m)).body
         assert data[-20:].hex() == m.group(1) == m.group(4)
