@@ -88,24 +88,36 @@ def _measure(srv: BenchServer, clone: Callable[[Path], float], scratch: Path,
             "par_cpu": par_cpu, "par_wall": par_wall}
 
 
-def run(root: Path, repo: str, git: str, runs: int, parallel: int) -> dict[str, dict[str, float]]:
+SIDES = ("backend", "cached", "nocache", "bundle", "cdn")
+
+
+def run(root: Path, repo: str, git: str, runs: int, parallel: int,
+        sides: tuple[str, ...] = SIDES) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
         scratch = Path(tmp)
-        with GitHttpBackend(root, probe_repo=repo) as srv:
-            url = srv.repo_url(repo)
-            _clone(git, url, scratch / "warm-c", False)
-            out["git-http-backend"] = _measure(
-                srv, lambda d: _clone(git, url, d, False), scratch, runs, parallel)
-        for name, extra in (("gitspout", []), ("gitspout, no pack cache",
-                                                ["--pack-cache-size", "0"])):
+        if "backend" in sides:
+            with GitHttpBackend(root, probe_repo=repo) as srv:
+                url = srv.repo_url(repo)
+                _clone(git, url, scratch / "warm-c", False)
+                shutil.rmtree(scratch / "warm-c")
+                out["git-http-backend"] = _measure(
+                    srv, lambda d: _clone(git, url, d, False), scratch, runs, parallel)
+        for side, name, extra in (("cached", "gitspout", []),
+                                  ("nocache", "gitspout, no pack cache",
+                                   ["--pack-cache-size", "0"])):
+            if side not in sides:
+                continue
             with Gitspout(root, probe_repo=repo, name="gitspout", extra_args=extra) as srv:
                 url = srv.repo_url(repo)
                 _clone(git, url, scratch / "warm-g", False)
                 shutil.rmtree(scratch / "warm-g")
                 out[name] = _measure(srv, lambda d, u=url: _clone(git, u, d, False),
                                      scratch, runs, parallel)
-        out["gitspout, bundle"] = _bundled(root, repo, git, scratch, runs, parallel, [])
+        if "bundle" in sides:
+            out["gitspout, bundle"] = _bundled(root, repo, git, scratch, runs, parallel, [])
+        if "cdn" not in sides:
+            return out
         cdn = subprocess.Popen([sys.executable, "-c", CDN, str(scratch / "bundles")],
                                stdout=subprocess.PIPE)
         try:
@@ -167,7 +179,7 @@ def _bundled(root: Path, repo: str, git: str, scratch: Path, runs: int, parallel
 
 def report(results: dict[str, dict[str, float]], repo: str, parallel: int,
            load: float) -> str:
-    base = results["gitspout, no pack cache"]
+    base = results.get("gitspout, no pack cache") or next(iter(results.values()))
     lines = [f"repository {repo}; load average (1 min) before: {load:.2f}, "
              f"after: {os.getloadavg()[0]:.2f}",
              "", f"| server | CPU s/clone | wall s/clone | CPU x no cache | wall x no cache "
@@ -188,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="client git, at least 2.41")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=32)
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help=f"which servers, comma-separated, of {','.join(SIDES)}")
     args = ap.parse_args(argv)
     load = os.getloadavg()[0]
-    results = run(args.root, args.repo, args.git, args.runs, args.parallel)
+    results = run(args.root, args.repo, args.git, args.runs, args.parallel,
+                  tuple(s.strip() for s in args.sides.split(",")))
     print(report(results, args.repo, args.parallel, load), flush=True)
     return 0
 

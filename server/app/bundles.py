@@ -9,20 +9,21 @@ directory under ``--bundle-size``, served at a stable URL with ``Range`` and ``s
 A bundle is offered, and served, only to a request whose visible refs reach every tip in
 it (``core/bundlerefs.py``): never under a namespace, never once a ref it holds is hidden.
 Once refs have moved by ``--bundle-refresh-refs`` it is stale: no longer offered, and the
-next full clone writes its successor (the next creation token).
+next full clone writes its successor (the next creation token). Whether a bundle is stale
+and may be offered is decided once per ref state and kept (``_verdict``).
+
+With ``--workers`` every worker counts, writes, offers and serves the same bundles: the
+files, the clone counts and the writer's lock live in one directory of the master's
+(bundleshare.py), so a bundle any worker wrote is offered and served by all.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import tempfile
 import threading
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -32,17 +33,17 @@ from ..core.bundlerefs import bundle_order, bundle_refs, may_offer, refs_moved
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..packgen import PackStream
-from ..store.repos import Repo
+from .bundleshare import Bundle, BundleFiles
 from .cachedir import make_directory, reclaim_orphans
 from .config import Config
 from .filesend import send_file
 
-__all__ = ["BundleStore", "BUNDLE_ROUTE", "OffloadMetrics"]
+__all__ = ["BundleStore", "BUNDLE_ROUTE", "OffloadMetrics", "full_clone"]
 
 log = logging.getLogger("gitspout")
 
 BUNDLE_ROUTE = "/gitspout-bundle/"  # <repo>/gitspout-bundle/<file>: served here
-REPOS_SWEEP = 4096  # repositories tracked before the idle ones are forgotten
+REPOS_SWEEP = 4096  # repositories with a verdict kept before all are forgotten
 HEADER = b"# v2 git bundle\n"  # gitformat-bundle: v2 for sha1 (v3 adds capabilities)
 
 
@@ -67,46 +68,42 @@ class OffloadMetrics:
         self.packfile_uris = Counter("gitspout_packfile_uris",
                                      "Objects sent as packfile URIs instead of in the pack.",
                                      registry=registry)
-
-
-@dataclass
-class Bundle:
-    """One written bundle: its file, creation token and the refs it holds."""
-
-    token: int
-    path: str
-    refs: list[tuple[bytes, bytes]]
-    size: int
-    written: float = field(default_factory=time.monotonic)
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
-
-
-@dataclass
-class _RepoBundles:
-    clones: deque[float] = field(default_factory=deque)
-    bundle: Bundle | None = None
-    writing: bool = False
-    stale: bool = False
+        self.blob_packs_written = Counter("gitspout_blob_packs_written",
+                                          "One-blob packs gitspout wrote for packfile URIs.",
+                                          registry=registry)
+        self.blob_pack_bytes_written = Counter("gitspout_blob_pack_written_bytes",
+                                               "Bytes of the one-blob packs gitspout wrote.",
+                                               registry=registry)
+        self.blob_pack_requests = Counter("gitspout_blob_pack_requests",
+                                          "One-blob pack downloads from gitspout, by result.",
+                                          ["result"], registry=registry)
+        self.packfile_uri_bytes = Counter("gitspout_packfile_uri_served_bytes",
+                                          "Bytes of one-blob packs served (ranges counted "
+                                          "as sent).", registry=registry)
 
 
 class BundleStore:
-    """The bundles of every repository of this process, and when to write them."""
+    """The bundles of every repository, in a directory of this process's own or one that
+    every worker of a master shares (bundleshare.py), and when to write them."""
 
-    def __init__(self, cfg: Config, metrics: OffloadMetrics) -> None:
+    def __init__(self, cfg: Config, metrics: OffloadMetrics, shared: str = "") -> None:
         self.cfg = cfg
         self.metrics = metrics
-        # A locked directory of this process's own, as the pack cache's (cachedir.py): a
-        # server started after a crash removes what a dead one left.
-        base = os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-bundles")
-        os.makedirs(base, exist_ok=True)
-        reclaim_orphans(base)
-        self.dir, self._dir_lock = make_directory(base)
-        self._repos: dict[str, _RepoBundles] = {}
-        self._sweep_at = REPOS_SWEEP  # _forget_idle
-        self._lock = threading.Lock()  # offers run in the pool, notes on the loop
+        self._dir_lock = -1
+        if shared:  # the master's, made, locked and removed by it (workers.py)
+            self.dir = shared
+        else:
+            # A locked directory of this process's own, as the pack cache's (cachedir.py):
+            # a server started after a crash removes what a dead one left.
+            base = os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-bundles")
+            os.makedirs(base, exist_ok=True)
+            reclaim_orphans(base)
+            self.dir, self._dir_lock = make_directory(base)
+        self.files = BundleFiles(self.dir)
+        # What a ref state makes of each repository's bundle: one verdict per repository
+        # (its latest ref state), so a bundle-uri command costs a stat and a lookup.
+        self._verdicts: dict[str, tuple[tuple[object, ...], Bundle, bool, bool]] = {}
+        self._lock = threading.Lock()
 
     # -- offering (pool) -------------------------------------------------------
 
@@ -132,88 +129,79 @@ class BundleStore:
 
     def usable(self, ctx: RequestContext) -> Bundle | None:
         """The repository's bundle, if it is fresh and this request may have it (blocking)."""
+        tag = self.files.tag(ctx.repo.gitdir)
+        bundle = self.files.current(tag)
+        if bundle is None or ctx.namespace:
+            return None
+        stale, offer = self._verdict(tag, ctx, bundle)
+        return bundle if offer and not stale else None
+
+    def _verdict(self, tag: str, ctx: RequestContext, bundle: Bundle) -> tuple[bool, bool]:
+        """(stale, may be offered) of ``bundle`` for this request's ref state, computed
+        once per ref state (and bundle): the visible refs of 100k refs take 0.1 s."""
+        key = ctx.ref_state_key()
         with self._lock:
-            entry = self._repos.get(ctx.repo.gitdir)
-            bundle = entry.bundle if entry is not None else None
-        if bundle is None or entry is None:
-            return None
-        if refs_moved(bundle.refs, bundle_refs(ctx)) >= self.cfg.bundle_refresh_refs:
-            entry.stale = True
-            return None
-        return bundle if may_offer(ctx, bundle.refs) else None
+            hit = self._verdicts.get(tag)
+        if hit is not None and hit[0] == key and hit[1] is bundle:
+            return hit[2], hit[3]
+        stale = refs_moved(bundle.refs, bundle_refs(ctx)) >= self.cfg.bundle_refresh_refs
+        offer = not stale and may_offer(ctx, bundle.refs)
+        with self._lock:
+            if len(self._verdicts) >= REPOS_SWEEP:
+                self._verdicts.clear()
+            self._verdicts[tag] = (key, bundle, stale, offer)
+        return stale, offer
 
     def file_for(self, ctx: RequestContext, name: str) -> Bundle | None:
         """The bundle called ``name`` of this repository, if this request may have it."""
         bundle = self.usable(ctx)
         return bundle if bundle is not None and bundle.name == name else None
 
-    # -- writing ---------------------------------------------------------------
+    # -- writing (pool) --------------------------------------------------------
 
-    def note_clone(self, repo: Repo, plan: FetchPlan | None) -> bool:
-        """A pack was sent: True when it was a full clone that calls for a (new) bundle
-        now (the caller then writes it)."""
-        if plan is None or plan.order is None or not _full_clone(plan):
-            return False
-        now = time.monotonic()
-        with self._lock:
-            entry = self._repos.get(repo.gitdir)
-            if entry is None:
-                if len(self._repos) >= self._sweep_at:
-                    self._forget_idle(now)
-                # Only whether the last bundle_after clones fall in the window matters.
-                entry = self._repos[repo.gitdir] = _RepoBundles(
-                    deque(maxlen=self.cfg.bundle_after))
-            entry.clones.append(now)
-            while entry.clones and entry.clones[0] < now - self.cfg.bundle_window:
-                entry.clones.popleft()
-            due = len(entry.clones) >= self.cfg.bundle_after and not entry.writing \
-                and (entry.bundle is None or entry.stale)
-            if due:
-                entry.writing = True
-            return due
-
-    def _forget_idle(self, now: float) -> None:
-        """Drop the repositories that hold nothing: no bundle, none being written, no
-        clone within the window (DESIGN.md invariant 6: nothing kept across requests
-        grows without bound). Under ``_lock``; the next sweep waits for twice as many."""
-        window = now - self.cfg.bundle_window
-        for key in [k for k, e in self._repos.items() if e.bundle is None
-                    and not e.writing and (not e.clones or e.clones[-1] < window)]:
-            del self._repos[key]
-        self._sweep_at = max(REPOS_SWEEP, 2 * len(self._repos))
+    def note_clone(self, ctx: RequestContext) -> Bundle | None:
+        """A full clone of ``ctx``'s repository was sent (any worker's): count it, and
+        write the repository's bundle once due (blocking; ``ctx`` a view of no request).
+        The bundle written, if this call wrote one."""
+        tag = self.files.tag(ctx.repo.gitdir)
+        bundle = self.files.current(tag)
+        if bundle is not None and not self._verdict(tag, ctx, bundle)[0]:
+            return None  # a fresh one: nothing to count
+        if self.files.count_clone(tag, self.cfg.bundle_after,
+                                  self.cfg.bundle_window) < self.cfg.bundle_after:
+            return None
+        return self.write(ctx)
 
     def write(self, ctx: RequestContext) -> Bundle | None:
-        """Write the repository's bundle (blocking, in the pool); None when it cannot be
-        (sha256, no refs, over --bundle-size)."""
-        gitdir = ctx.repo.gitdir
+        """Write the repository's bundle (blocking, in the pool); None when another
+        process writes it, or it cannot be (sha256, no refs, over --bundle-size)."""
+        tag = self.files.tag(ctx.repo.gitdir)
+        lock = self.files.lock(tag)
+        if lock is None:
+            return None  # another worker (or thread) writes it
         try:
-            bundle = self._write(ctx)
+            old = self.files.current(tag)
+            if old is not None and not self._verdict(tag, ctx, old)[0]:
+                return None  # written by another while this one waited
+            bundle = self._write(ctx, tag, old.token + 1 if old is not None else 1)
+            if bundle is None:
+                return None
+            self.files.publish(tag, bundle)
         finally:
-            with self._lock:
-                entry = self._repos.setdefault(gitdir, _RepoBundles())
-                entry.writing = False
-        if bundle is None:
-            return None
-        with self._lock:
-            entry = self._repos[gitdir]
-            old, entry.bundle, entry.stale = entry.bundle, bundle, False
+            self.files.unlock(lock)
         if old is not None:
             _unlink(old.path)
-        self._evict(keep=gitdir)
+        self._evict(keep=tag)
         self.metrics.bundles_written.inc()
         self.metrics.bundle_bytes_written.inc(bundle.size)
         log.info("bundle written for %s: %s (%d bytes, %d refs)", ctx.repo.url_path,
                  bundle.name, bundle.size, len(bundle.refs))
         return bundle
 
-    def _write(self, ctx: RequestContext) -> Bundle | None:
+    def _write(self, ctx: RequestContext, tag: str, token: int) -> Bundle | None:
         refs = bundle_refs(ctx)
         if ctx.object_format != "sha1" or not refs:
             return None
-        with self._lock:
-            entry = self._repos.get(ctx.repo.gitdir)
-            token = entry.bundle.token + 1 if entry is not None and entry.bundle else 1
-        tag = hashlib.sha256(ctx.repo.gitdir.encode()).hexdigest()[:16]
         path = os.path.join(self.dir, f"{tag}-{token}.bundle")
         tmp = path + ".tmp"
         size = 0
@@ -236,36 +224,36 @@ class BundleStore:
         except BaseException:
             _unlink(tmp)
             raise
-        return Bundle(token, path, refs, size)
+        return Bundle(token, path, tuple(refs), size)
 
     def _evict(self, keep: str) -> None:
-        """Oldest bundles of other repositories go until all fit in --bundle-size."""
-        with self._lock:
-            held = [(e.bundle.written, k, e) for k, e in self._repos.items() if e.bundle]
-            total = sum(e.bundle.size for _, _, e in held if e.bundle)
-            for _, key, entry in sorted(held, key=lambda h: h[0]):
-                if total <= self.cfg.bundle_size or key == keep or entry.bundle is None:
-                    continue
-                total -= entry.bundle.size
-                _unlink(entry.bundle.path)
-                entry.bundle = None
+        """Oldest bundles of other repositories go until all fit in --bundle-size (every
+        worker's: the directory is one)."""
+        held = sorted(self.files.held(), key=lambda h: h[1].written)
+        total = sum(b.size for _, b in held)
+        for tag, bundle in held:
+            if total <= self.cfg.bundle_size:
+                break
+            if tag != keep:
+                total -= bundle.size
+                self.files.drop(tag, bundle)
 
     def close(self) -> None:
-        """Remove every file (the directory is this process's own)."""
-        for name in os.listdir(self.dir):
-            _unlink(os.path.join(self.dir, name))
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
-        os.close(self._dir_lock)
+        """Remove every file of a directory of this process's own (a shared one is the
+        master's to remove)."""
+        if self._dir_lock >= 0:
+            self.files.close()
+            os.close(self._dir_lock)
 
 
 class _TooLarge(Exception):
     pass
 
 
-def _full_clone(plan: FetchPlan) -> bool:
+def full_clone(plan: FetchPlan | None) -> bool:
+    """A pack of every visible ref asked for from nothing: what counts towards a bundle."""
+    if plan is None:
+        return False
     order = plan.order
     return order is not None and not order.common and not order.shallow \
         and order.filter is None and not order.exclude

@@ -69,7 +69,9 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None,
     # Signals first: a SIGTERM while the server starts drains it like any other (the
     # default action would kill it without removing its pack-cache directory).
     signals = Signals(asyncio.get_running_loop(), cfg)
-    state = ServerState.create(cfg, link.cache_dir if link is not None else "")
+    state = ServerState.create(cfg, link.cache_dir if link is not None else "",
+                               link.bundle_dir if link is not None else "",
+                               link.blob_dir if link is not None else "")
     signals.state = state
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []

@@ -25,7 +25,8 @@ GROUPS = {
     "repositories": "what is served",
     "limits": "threads, memory, queues and rates",
     "caches": "what is kept across requests",
-    "offload": "bundle URIs: clones served from files (bundles.py)",
+    "offload": "bundle URIs and packfile URIs: clones served from files (bundles.py, "
+               "blobpacks.py)",
     "timeouts": "seconds (0 turns most of them off)",
     "auth": "who may read what",
     "metrics": "Prometheus /metrics",
@@ -251,8 +252,8 @@ class Config:
     )
     bundle_dir: str = field(
         default="",
-        metadata={"help": "local directory for bundle files, never the served root (none: "
-                          "the system temporary directory)", "group": "offload"},
+        metadata={"help": "local directory for bundle and blob-pack files, never the "
+                          "served root (none: the system temporary directory)", "group": "offload"},
     )
     bundle_refresh_refs: int = field(
         default=16,
@@ -264,6 +265,20 @@ class Config:
         default="",
         metadata={"help": "advertise bundles under this URL (a CDN or object store the "
                           "operator copies the bundle directory to) instead of gitspout's",
+                  "group": "offload"},
+    )
+    # Large blobs as packfile URIs to packs of gitspout's own (server/app/blobpacks.py).
+    blob_uri_threshold: int = field(
+        default=0,
+        metadata={"help": "blobs of this size or more (stored whole in a pack) are sent as "
+                          "packfile URIs to one-blob packs gitspout writes and serves, to "
+                          "v2 clients that accept http(s) URIs (0: never)", "size": True,
+                  "group": "offload"},
+    )
+    blob_uri_size: int = field(
+        default=4 << 30,
+        metadata={"help": "bytes of one-blob packs kept on local disk (under --bundle-dir); "
+                          "a blob that does not fit goes in the fetch's pack", "size": True,
                   "group": "offload"},
     )
 
@@ -551,11 +566,6 @@ def _validate(cfg: Config) -> None:
     text = cfg.workers.strip().lower()
     if text != "auto" and not (text.isdigit() and 1 <= int(text) <= 256):
         raise ConfigError(f"workers must be 'auto' or a number from 1 to 256, not {cfg.workers!r}")
-    if cfg.bundles and text != "1":
-        # Each worker would keep bundles of its own, under the same names: a client could
-        # be offered one worker's file and resume it from another's.
-        raise ConfigError("bundles are not supported with more than one worker yet "
-                          "(--workers 1, or no --bundles)")
     if not Path(cfg.root).is_dir():
         raise ConfigError(f"root {cfg.root!r} is not a directory")
 
@@ -567,9 +577,11 @@ def _validate_bundles(cfg: Config) -> None:
         raise ConfigError("bundle_after and bundle_refresh_refs must be 1 or more")
     if not math.isfinite(cfg.bundle_window) or cfg.bundle_window <= 0:
         raise ConfigError("bundle_window must be a number of seconds above 0")
+    if cfg.blob_uri_threshold < 0 or cfg.blob_uri_size < 0:
+        raise ConfigError("blob_uri_threshold and blob_uri_size must be 0 or more bytes")
     if cfg.bundle_base_url and not cfg.bundle_base_url.startswith(("http://", "https://")):
         raise ConfigError("bundle_base_url must be an http:// or https:// URL")
-    if cfg.bundles and cfg.bundle_dir:
+    if (cfg.bundles or cfg.blob_uri_threshold) and cfg.bundle_dir:
         bundles, root = Path(cfg.bundle_dir).resolve(), Path(cfg.root).resolve()
         if bundles == root or root in bundles.parents:
             raise ConfigError("bundle_dir must not be inside the served root")

@@ -16,6 +16,7 @@ from aiohttp import HttpVersion11, web
 
 from ..store.repos import RepoNotFound
 from .auth import AuthDenied, repo_name
+from .blobpacks import BLOBPACK_ROUTE, serve_blob_pack
 from .bundles import BUNDLE_ROUTE, serve_bundle
 from .connections import GuardedHandler
 from .errors import REFUSED_IN_BAND, Answer, answer_for
@@ -176,9 +177,12 @@ async def _dispatch(state: ServerState, request: web.Request,
     url_path, action = split_path(request.path)
     if "%2f" in request.raw_path.lower() or "%5c" in request.raw_path.lower():
         return text_response(404, "not found")
-    bundle = None
+    bundle = blob_pack = None
     if state.bundles is not None and BUNDLE_ROUTE in url_path and not action:
         url_path, _, bundle = url_path.partition(BUNDLE_ROUTE.strip("/") + "/")
+        url_path = url_path.rstrip("/")
+    elif state.blob_packs is not None and BLOBPACK_ROUTE in url_path and not action:
+        url_path, _, blob_pack = url_path.partition(BLOBPACK_ROUTE.strip("/") + "/")
         url_path = url_path.rstrip("/")
     repo_path, namespace = state.namespaces.map(url_path)
     # A namespace's URL answers to the rules of that URL, not of its repository: each
@@ -192,6 +196,15 @@ async def _dispatch(state: ServerState, request: web.Request,
             scope.record.command = "bundle"
             ctx = state.view(scope, await state.resolve(repo_path), namespace)
             resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
+            scope.record.bytes = resp.content_length or 0
+            return resp
+        if blob_pack is not None and state.blob_packs is not None:
+            if request.method not in ("GET", "HEAD"):
+                return text_response(405, f"method {request.method} not allowed here")
+            await _authorize(state, request, scope, repo_path, rule_path)
+            scope.record.command = "blob-pack"
+            ctx = state.view(scope, await state.resolve(repo_path), namespace)
+            resp = await serve_blob_pack(state.blob_packs, ctx, blob_pack, request, scope.run)
             scope.record.bytes = resp.content_length or 0
             return resp
         if action == RECEIVE_PACK:

@@ -22,6 +22,7 @@ from ..store.repos import Repo, RepoResolver
 from .admission import Admission
 from .auth import Access, load_access
 from .authgate import GateCollector, PasswordGate
+from .blobpacks import BlobPackStore
 from .budgets import Budgets
 from .bundles import BundleStore, OffloadMetrics
 from .config import Config, proxy_networks
@@ -70,12 +71,15 @@ class ServerState:
     trimmer: HeapTrimmer = field(default_factory=HeapTrimmer)  # memory.py
     offload: OffloadMetrics | None = None  # bundles and packfile URIs (bundles.py)
     bundles: BundleStore | None = None  # --bundles
+    blob_packs: BlobPackStore | None = None  # --blob-uri-threshold
     worker_stats: WorkerStats | None = None  # --workers: /metrics over every worker
 
     @classmethod
-    def create(cls, cfg: Config, shared_cache: str = "") -> ServerState:
+    def create(cls, cfg: Config, shared_cache: str = "", shared_bundles: str = "",
+               shared_blobs: str = "") -> ServerState:
         """Everything built once from the config; each budget handed to its enforcer.
-        ``shared_cache``: the pack-cache directory a master shares among its workers."""
+        ``shared_cache``, ``shared_bundles``, ``shared_blobs``: the pack-cache, bundle and
+        blob-pack directories a master shares among its workers."""
         budgets = Budgets.from_config(cfg)
         if shared_cache:
             budgets = replace(budgets, pack_cache=replace(budgets.pack_cache,
@@ -114,7 +118,9 @@ class ServerState:
         state.metrics.registry.register(HeapTrimCollector(state.trimmer))
         state.offload = OffloadMetrics(state.metrics.registry)
         if cfg.bundles:
-            state.bundles = BundleStore(cfg, state.offload)
+            state.bundles = BundleStore(cfg, state.offload, shared_bundles)
+        if cfg.blob_uri_threshold > 0:
+            state.blob_packs = BlobPackStore(cfg, state.offload, shared_blobs)
         state.health = Health(RootCheck(root, cfg.ready_check_interval, cfg.ready_check_timeout))
         return state
 
@@ -129,6 +135,8 @@ class ServerState:
         ctx = self.detached_view(repo, namespace)
         if self.bundles is not None and not namespace and base_url:
             ctx.bundle_offer = self.bundles.offer(base_url, repo.url_path)
+        if self.blob_packs is not None and not namespace and base_url:
+            ctx.blob_uris = self.blob_packs.policy(base_url, repo.url_path)
         return scope.attach(ctx)
 
     def detached_view(self, repo: Repo, namespace: bytes = b"") -> RequestContext:
@@ -187,6 +195,8 @@ class ServerState:
             await asyncio.to_thread(disk.flush, 5.0)
         if self.bundles is not None:
             self.bundles.close()
+        if self.blob_packs is not None:
+            self.blob_packs.close()
 
     async def sweep_forever(self) -> None:
         """Every ``--sweep-interval`` seconds, close open packs and graphs whose files are

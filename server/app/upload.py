@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 from gitspout.protocol.advertise import format_service_header, v0_request_capabilities
@@ -28,6 +29,7 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan, plan_fetch
 from ..core.framing import ResponseHead, frame_empty_v0, frame_fetch
 from ..packgen import PackStream
+from .bundles import full_clone
 from .errors import answer_for
 from .httpreq import ADVERTISEMENT, RESULT, UPLOAD_PACK, start_response
 from .metrics import RequestRecord
@@ -116,12 +118,35 @@ def _decide(ctx: RequestContext, req: FetchRequest) -> _Decided:
     plan = plan_fetch(ctx, req)
     pack = PackStream(plan.order, ctx.objects()) if plan.order is not None else None
     uris: list[bytes] = []
-    if pack is not None and plan.offload:
-        # Which configured objects the pack would hold is known once its objects are
+    if pack is not None and (plan.offload or plan.large):
+        # Which objects the pack would have held is known once its objects are
         # enumerated: decided here, before the 200, so the section can precede the pack.
-        left_out = set(pack.decide().stats.offloaded)
-        uris = [line for oid, line in plan.offload.items() if oid in left_out]
+        left_out = pack.decide().stats.offloaded
+        uris = [line for oid, line in plan.offload.items() if oid in set(left_out)]
+        large, kept = _large_uris(ctx, plan, left_out)
+        if plan.order is not None and len(kept) < len(large):
+            # Some blob's pack could not be kept (--blob-uri-size): it goes in the pack.
+            order = replace(plan.order, exclude=plan.order.exclude - (set(large) - set(kept)))
+            plan = replace(plan, order=order)
+            pack = PackStream(order, ctx.objects())
+            pack.decide()
+        uris += list(kept.values())
     return _Decided(plan, frame_fetch(plan, uris), pack, len(uris))
+
+
+def _large_uris(ctx: RequestContext, plan: FetchPlan, left_out: Sequence[bytes]
+                ) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """The large blobs the pack left out (core/bigblobs.py), and the packfile-uris line
+    of each whose one-blob pack is kept (written now if need be: app/blobpacks.py)."""
+    policy = ctx.blob_uris
+    large = [oid for oid in left_out if oid in plan.large and oid not in plan.offload]
+    kept: dict[bytes, bytes] = {}
+    if policy is not None:
+        for oid in large:
+            line = policy.line(plan.large[oid])
+            if line is not None:
+                kept[oid] = line
+    return large, kept
 
 
 async def _respond(state: ServerState, scope: RequestScope, request: web.Request,
@@ -151,20 +176,19 @@ def _offloaded(state: ServerState, scope: RequestScope, decided: _Decided) -> No
     if state.offload is not None and decided.uris:
         state.offload.packfile_uris.inc(decided.uris)
     store, view = state.bundles, scope.view
-    if store is None or view is None or view.namespace:
+    if store is None or view is None or view.namespace or not full_clone(decided.plan):
         return
-    if store.note_clone(view.repo, decided.plan):
-        ctx = state.detached_view(view.repo)
+    ctx = state.detached_view(view.repo)
 
-        def write() -> None:
-            try:
-                store.write(ctx)
-            except Exception:  # logged; the next due clone tries again
-                log.exception("writing the bundle of %s failed", view.repo.url_path)
-            finally:
-                ctx.close()
+    def note() -> None:
+        try:
+            store.note_clone(ctx)
+        except Exception:  # logged; the next due clone tries again
+            log.exception("writing the bundle of %s failed", view.repo.url_path)
+        finally:
+            ctx.close()
 
-        state.pool.submit_for(("bundle", view.repo.url_path), write)
+    state.pool.submit_for(("bundle", view.repo.url_path), note)
 
 
 def _pack_slot(state: ServerState, scope: RequestScope,

@@ -175,6 +175,8 @@ class WorkerLink:
     directory: str
     workers: int
     cache_dir: str = ""  # the pack-cache directory shared by the workers (cacheshare.py)
+    bundle_dir: str = ""  # --bundles: the bundle directory shared by the workers
+    blob_dir: str = ""  # --blob-uri-threshold: the blob-pack directory shared by them
 
     def master_alive(self) -> bool:
         return os.getppid() == self.master_pid
@@ -198,6 +200,8 @@ class Master:
     run_worker: Callable[[Config, WorkerLink], int]
     url: str = ""
     cache_dir: str = ""
+    bundle_dir: str = ""
+    blob_dir: str = ""
     directory: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="gitspout-workers-"))
     children: dict[int, _Child] = field(default_factory=dict)  # by pid
     restarts: int = 0
@@ -235,7 +239,8 @@ class Master:
         return max(0.0, min(self._due.values()) - time.monotonic())
 
     def _spawn(self, index: int) -> None:
-        link = WorkerLink(index, os.getpid(), self.directory, self.workers, self.cache_dir)
+        link = WorkerLink(index, os.getpid(), self.directory, self.workers, self.cache_dir,
+                          self.bundle_dir, self.blob_dir)
         pid = os.fork()
         if pid == 0:  # the worker: never returns into the master's code
             code = 1
@@ -378,6 +383,8 @@ def start_master(cfg: Config, n: int, run_worker: Callable[[Config, WorkerLink],
     have stopped; OSError when an address cannot be had."""
     held = [reserve_address(cfg.host, cfg.port)]
     cache_dir, cache_lock = "", -1
+    bundle_dir, bundle_lock = "", -1
+    blob_dir, blob_lock = "", -1
     try:
         port = held[0].getsockname()[1]
         metrics_port = cfg.metrics_port
@@ -390,11 +397,24 @@ def start_master(cfg: Config, n: int, run_worker: Callable[[Config, WorkerLink],
             os.makedirs(base, exist_ok=True)
             reclaim_orphans(base)
             cache_dir, cache_lock = make_directory(base)
+        if cfg.bundles:  # one directory for all: any worker serves what one wrote
+            base = os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-bundles")
+            os.makedirs(base, exist_ok=True)
+            reclaim_orphans(base)
+            bundle_dir, bundle_lock = make_directory(base)
+        if cfg.blob_uri_threshold > 0:  # likewise the one-blob packs (blobpacks.py)
+            base = os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-blobpacks")
+            os.makedirs(base, exist_ok=True)
+            reclaim_orphans(base)
+            blob_dir, blob_lock = make_directory(base)
         log.info("master (pid %d): %d workers on %s", os.getpid(), n, url(cfg.host, port))
-        return Master(wcfg, n, run_worker, url=url(cfg.host, port), cache_dir=cache_dir).run()
+        return Master(wcfg, n, run_worker, url=url(cfg.host, port), cache_dir=cache_dir,
+                      bundle_dir=bundle_dir, blob_dir=blob_dir).run()
     finally:
         for sock in held:
             sock.close()
-        if cache_dir:
-            _remove_tree(cache_dir)
-            os.close(cache_lock)
+        for directory, lock in ((cache_dir, cache_lock), (bundle_dir, bundle_lock),
+                                (blob_dir, blob_lock)):
+            if directory:
+                _remove_tree(directory)
+                os.close(lock)

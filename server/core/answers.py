@@ -72,11 +72,11 @@ def v2_features(ctx: RequestContext) -> V2Features:
         object_format=ctx.object_format.encode(),
         allow_filter=cfg.allow_filter,
         allow_ref_in_want=cfg.allow_ref_in_want,
-        allow_sideband_all=cfg.allow_sideband_all,
+        allow_sideband_all=cfg.allow_sideband_all or ctx.blob_uris is not None,
         advertise_unborn=cfg.unborn == "advertise",
         session_id=SESSION_ID if cfg.advertise_sid else None,
         bundle_uri=cfg.advertise_bundle_uris or ctx.bundles_offered,
-        packfile_uris=bool(cfg.blob_packfile_uris),
+        packfile_uris=bool(cfg.blob_packfile_uris) or ctx.blob_uris is not None,
     )
 
 def v2_capabilities(ctx: RequestContext) -> Iterator[bytes]:

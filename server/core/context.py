@@ -35,6 +35,7 @@ from ..store.refs import read_ref_snapshot
 from ..store.refsnapshot import RefSnapshot
 from ..store.registry import PEELED_COST
 from ..store.repos import Repo, RepoConfig
+from .bigblobs import BlobUriPolicy
 
 __all__ = ["RequestContext", "small_prefixes", "KEY_PREFIX_BYTES"]
 
@@ -95,6 +96,8 @@ class RequestContext:
     # gitspout's own bundles (app/bundles.py): the bundle list this client may be given
     # (None: none), asked only by a bundle-uri command. Set: the capability is advertised.
     bundle_offer: Callable[[RequestContext], list[tuple[bytes, bytes]] | None] | None = None
+    # --blob-uri-threshold (core/bigblobs.py): large blobs as packfile URIs; None: never
+    blob_uris: BlobUriPolicy | None = None
     _config: RepoConfig | None = None
     _refs: RefSnapshot | None = None
     _odb: ObjectSnapshot | None = None
@@ -328,6 +331,13 @@ class RequestContext:
             self.repo.ref_cache.tips.put(key, self._tips, nbytes=TIP_BYTES * len(self._tips)
                                          + 8 * len(snap.segments) + 200)
         return self._tips
+
+    def ref_state_key(self) -> tuple[object, ...]:
+        """What this request's visible refs are a function of: the ref segments (immutable,
+        compared by identity), HEAD and the hideRefs. Equal keys, equal visible refs: an
+        answer computed from them may be kept under it across requests (I2)."""
+        self.tips()
+        return self._tips_key
 
     def present_tips(self) -> set[bytes]:
         """The tips (:meth:`tips`) already found in the object store under this ref state,

@@ -30,6 +30,7 @@ from ..packgen import PackOrder
 from ..store.errors import ObjectStoreError, StorageError
 from ..store.objformat import OBJ_COMMIT, OBJ_TAG
 from ..store.repos import RepoConfig
+from .bigblobs import LargeBlob, large_blobs
 from .context import RequestContext
 from .offload import offload_lines
 
@@ -57,6 +58,8 @@ class FetchPlan:
     seconds: float = 0.0
     # packfile URIs the client may be given: object -> "<pack-hash> <uri>" (offload.py)
     offload: dict[bytes, bytes] = field(default_factory=dict)
+    # large blobs the client may be given as packs of gitspout's own (bigblobs.py)
+    large: dict[bytes, LargeBlob] = field(default_factory=dict)
 
     @property
     def send_pack(self) -> bool:
@@ -124,10 +127,22 @@ def plan_fetch(ctx: RequestContext, req: FetchRequest) -> FetchPlan:
     offload: dict[bytes, bytes] = {}
     if send and req.uri_protocols and cfg.blob_packfile_uris:
         offload = offload_lines(cfg.blob_packfile_uris, req.uri_protocols, ctx.hash_len)
-    order = _pack_order(ctx, req, wants, shallow, common, frozenset(offload)) if send \
-        else None
+    large = _large_blobs(ctx, req) if send else {}
+    order = _pack_order(ctx, req, wants, shallow, common,
+                        frozenset(offload) | frozenset(large)) if send else None
     return FetchPlan(req, wants, shallow, answer, wanted_refs, common, order,
-                     time.monotonic() - start, offload)
+                     time.monotonic() - start, offload, large)
+
+
+def _large_blobs(ctx: RequestContext, req: FetchRequest) -> dict[bytes, LargeBlob]:
+    """The blobs this fetch may send as packs of gitspout's own: only to a client that
+    accepts the protocol it reached us by, never under a namespace (the URI would name the
+    repository, whose refs the namespace's client may not see), sha1 only."""
+    policy = ctx.blob_uris
+    if policy is None or policy.scheme not in req.uri_protocols or ctx.namespace \
+            or ctx.object_format != "sha1":
+        return {}
+    return large_blobs(ctx.objects().packs(), policy)
 
 
 def _pack_order(ctx: RequestContext, req: FetchRequest, wants: list[bytes],

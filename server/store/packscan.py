@@ -16,9 +16,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .objformat import OFS_DELTA, REF_DELTA, TYPE_NAMES
+from .objformat import OBJ_BLOB, OFS_DELTA, REF_DELTA, TYPE_NAMES
 
-__all__ = ["EntryScan", "scan_headers", "HEAD_BYTES"]
+__all__ = ["EntryScan", "scan_headers", "HEAD_BYTES", "large_whole_blobs"]
 
 SCAN_WINDOW = 4 << 20  # pack bytes read at once, at most
 SCAN_GAP = 64 << 10  # a gap between two headers this large is skipped, not read
@@ -171,3 +171,36 @@ def base_ranks_of(pack: PackFile) -> np.ndarray:
     out[ofs] = np.minimum(found, ofs)
     out[scan.kinds == REF_DELTA] = -1
     return out.astype(np.int32)
+
+
+def large_whole_blobs(pack: PackFile, limit: int) -> list[tuple[int, int]]:
+    """(rank, size) of every blob stored whole (not as a delta) in ``pack`` whose size is
+    ``limit`` or more, in pack order. One vector pass over the headers: a size varint of
+    ``L`` bytes holds less than ``2**(7L - 3)``, so only blobs whose varint is long enough
+    have their header read again for the exact size."""
+    n = pack.count
+    if n == 0:
+        return []
+    scan = scan_headers(pack, np.arange(n, dtype=np.int64))
+    starts = np.frombuffer(pack.sorted_offsets, dtype=np.uint64)[:n].astype(np.int64)
+    lengths = scan.ofs_at - starts  # bytes of each type/size varint
+    top = np.minimum(7 * lengths - 3, 62)  # log2 of the size such a varint cannot reach
+    blobs = np.flatnonzero((scan.kinds == OBJ_BLOB) & ((np.int64(1) << top) > limit))
+    out = []
+    for rank in blobs.tolist():
+        size = _header_size(pack, int(starts[rank]))
+        if size >= limit:
+            out.append((rank, size))
+    return out
+
+
+def _header_size(pack: PackFile, offset: int) -> int:
+    buf = bytearray(HEAD_BYTES)
+    got = pack.read_into(memoryview(buf), offset)
+    size, shift = buf[0] & 0x0F, 4
+    i = 0
+    while buf[i] & 0x80 and i + 1 < got:
+        i += 1
+        size |= (buf[i] & 0x7F) << shift
+        shift += 7
+    return size

@@ -15,12 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
 from netnskit import SlowProxy
-from rawhttp import request
+from rawhttp import FLUSH, parse_pkts, pkt_lines, post_upload_pack, request
 
 BLOB = 6 << 20  # a clone through SlowProxy at 4 MiB/s is in flight for about a second
 INFO_REFS = "/app.git/info/refs?service=git-upload-pack"
@@ -204,13 +205,81 @@ def test_bad_workers_setting_is_refused(workers_root: Path, value: str) -> None:
     assert proc.returncode == 2 and "workers must be" in proc.stderr, proc.stderr
 
 
-def test_bundles_with_several_workers_are_refused(workers_root: Path) -> None:
-    """Each worker would keep bundles of its own under the same names (a client could be
-    offered one worker's file and resume it from another's): refused until they share."""
-    proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "serve",
-                           "--root", str(workers_root), "--port", "0", "--workers", "2",
-                           "--bundles"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "more than one worker" in proc.stderr, proc.stderr
+def test_bundles_shared_by_workers(workers_root: Path, git: Git, tmp_path: Path) -> None:
+    """--bundles with two workers: clones counted over both write one bundle, in one
+    directory; every worker offers it and serves it whole (fresh connections, hashed over
+    both workers), and a clone with it is fsck-clean and equal to file://."""
+    where = tmp_path / "bundles"
+    srv = _start(workers_root, ("--bundles", "--bundle-after", "2", "--bundle-dir", str(where)))
+    try:
+        body = pkt_lines("command=bundle-uri", "object-format=sha1") + FLUSH
+
+        def listed() -> dict[str, str] | None:
+            resp = post_upload_pack(srv.port, body, "app.git", version=2)
+            assert resp.status == 200
+            out = dict(p.decode().partition("=")[::2] for p in parse_pkts(resp.body) if p)
+            return out or None
+
+        assert listed() is None
+        for i in range(2):  # two clones: on one worker or on both, they count together
+            git.run("clone", "-q", "--bare", f"{srv.url}/app.git", str(tmp_path / f"w{i}"))
+        offered = poll(listed, 30, "a bundle offered")
+        uri = next(v for k, v in offered.items() if k.endswith(".uri"))
+        path = "/" + uri.split("/", 3)[3]
+        assert poll(lambda: _samples(srv.port, "gitspout_bundles_written_total").get("") == 1,
+                    10, "one bundle written")
+        before = _samples(srv.port, "gitspout_worker_requests_total")
+        bodies = set()
+        for _ in range(30):  # a new connection each: both workers serve it
+            resp = request(srv.port, "GET", path)
+            assert resp.status == 200
+            bodies.add(resp.body)
+            assert listed() == offered
+        after = _samples(srv.port, "gitspout_worker_requests_total")
+        assert len(after) == 2 and all(after[k] > before.get(k, 0) for k in after), after
+        assert len(bodies) == 1 and next(iter(bodies)).startswith(b"# v2 git bundle\n")
+        assert _samples(srv.port, "gitspout_bundle_requests_total")[
+            '{result="served"}'] == 30
+        dest = tmp_path / "with-bundle"
+        git.run("-c", "protocol.version=2", "clone", "-q", "--bare", f"--bundle-uri={srv.url}{path}",
+                f"{srv.url}/app.git", str(dest))
+        ref = tmp_path / "ref"
+        git.run("clone", "-q", "--bare", "--no-local", f"file://{srv.root / 'app.git'}", str(ref))
+        fsck(git, dest)
+        got = repo_state(git, dest)
+        refs = "".join(f"{line}\n" for line in got.refs.splitlines() if " refs/bundles/" not in line)
+        assert replace(got, refs=refs) == repo_state(git, ref)
+        (shared,) = (where / "gitspout-bundles").iterdir()
+        assert len(list(shared.glob("*.bundle"))) == 1
+    finally:
+        srv.stop()
+    assert list((where / "gitspout-bundles").iterdir()) == []  # the master removed it
+
+
+def test_blob_packs_shared_by_workers(workers_root: Path, git: Git, tmp_path: Path) -> None:
+    """--blob-uri-threshold with two workers: the large blob's pack, written by one, is
+    served by both (fresh connections), and clones taking it are fsck-clean."""
+    where = tmp_path / "blobs"
+    srv = _start(workers_root, ("--blob-uri-threshold", "1M", "--bundle-dir", str(where)))
+    try:
+        for i in range(3):
+            dest = tmp_path / f"c{i}"
+            git.run("-c", "protocol.version=2", "-c", "fetch.uriprotocols=http", "clone", "-q",
+                    "--bare", f"{srv.url}/app.git", str(dest))
+            fsck(git, dest)
+            assert len(list((dest / "objects" / "pack").glob("*.pack"))) == 2
+        assert _samples(srv.port, "gitspout_blob_packs_written_total") == {"": 1}
+        (shared,) = (where / "gitspout-blobpacks").iterdir()
+        (name,) = [p.name for p in shared.glob("*.pack")]
+        before = _samples(srv.port, "gitspout_worker_requests_total")
+        for _ in range(20):
+            resp = request(srv.port, "GET", f"/app.git/gitspout-blobpack/{name}")
+            assert resp.status == 200 and len(resp.body) > BLOB
+        after = _samples(srv.port, "gitspout_worker_requests_total")
+        assert len(after) == 2 and all(after[k] > before.get(k, 0) for k in after), after
+    finally:
+        srv.stop()
+    assert list((where / "gitspout-blobpacks").iterdir()) == []
 
 
 def test_auto_counts_affinity_and_cgroup_quota(tmp_path: Path) -> None:

@@ -1,0 +1,162 @@
+"""The files of gitspout's own bundles in one directory, which every worker of a master
+shares (``--workers``; one process alone has a directory of its own, with the same files).
+
+A repository's files, named by a digest ``TAG`` of its git directory:
+
+- ``TAG-TOKEN.bundle``: a bundle, written as ``.tmp`` and renamed whole.
+- ``TAG.json``: the current bundle (token, file name, refs, size, when written), replaced
+  atomically (``rename``) once its bundle is complete: whoever reads it finds a whole
+  bundle, or a 404 if it was replaced or evicted between the read and the open.
+- ``TAG.lock``: the writer's exclusive ``flock``, taken without waiting: one writer per
+  repository across processes; another that finds it held leaves the bundle to it. The
+  lock file is never removed while the directory lives (cacheshare.py says why).
+- ``TAG.clones``: the times (CLOCK_MONOTONIC, one clock for the whole machine) of the last
+  ``--bundle-after`` full clones of the repository by any worker, rewritten under an
+  ``flock`` of its own held for a read and a write.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Bundle", "BundleFiles"]
+
+STAMP = struct.Struct("<d")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One written bundle: its file, creation token and the refs it holds."""
+
+    token: int
+    path: str
+    refs: tuple[tuple[bytes, bytes], ...]
+    size: int
+    written: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+class BundleFiles:
+    """One directory of bundles (module doc). Blocking: called in the pool."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self._read: dict[str, tuple[tuple[int, int, int], Bundle]] = {}  # TAG -> by stat
+
+    @staticmethod
+    def tag(gitdir: str) -> str:
+        return hashlib.sha256(gitdir.encode()).hexdigest()[:16]
+
+    def _meta(self, tag: str) -> str:
+        return os.path.join(self.dir, tag + ".json")
+
+    def current(self, tag: str) -> Bundle | None:
+        """The repository's published bundle, or None: one stat when it was read before."""
+        path = self._meta(tag)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._read.pop(tag, None)
+            return None
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        hit = self._read.get(tag)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        try:
+            with open(path, "rb") as fh:
+                raw = json.loads(fh.read())
+            bundle = Bundle(int(raw["token"]), os.path.join(self.dir, raw["name"]),
+                            tuple((n.encode(), o.encode()) for n, o in raw["refs"]),
+                            int(raw["size"]), float(raw["written"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # half a file of a writer that died cannot be: it is renamed whole
+        if len(self._read) >= 4096:
+            self._read.clear()
+        self._read[tag] = (sig, bundle)
+        return bundle
+
+    def lock(self, tag: str) -> int | None:
+        """The writer's lock of ``tag`` (a descriptor to :meth:`unlock`), or None when
+        another process (or thread) writes."""
+        fd = os.open(os.path.join(self.dir, tag + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    @staticmethod
+    def unlock(fd: int) -> None:
+        os.close(fd)
+
+    def publish(self, tag: str, bundle: Bundle) -> None:
+        """The bundle's file is complete: make it the current one (under the lock)."""
+        meta = {"token": bundle.token, "name": bundle.name, "size": bundle.size,
+                "written": bundle.written,
+                "refs": [[n.decode(), o.decode()] for n, o in bundle.refs]}
+        tmp = self._meta(tag) + f".{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(meta, fh)
+        os.replace(tmp, self._meta(tag))
+
+    def count_clone(self, tag: str, keep: int, window: float) -> int:
+        """Note a full clone now; how many of the last ``keep`` fall in ``window``."""
+        now = time.monotonic()
+        fd = os.open(os.path.join(self.dir, tag + ".clones"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for one read and one write
+            raw = os.pread(fd, STAMP.size * keep, 0)
+            stamps = [s for (s,) in STAMP.iter_unpack(raw[:len(raw) - len(raw) % STAMP.size])]
+            stamps = [s for s in stamps if s >= now - window][-(keep - 1):] if keep > 1 else []
+            stamps.append(now)
+            data = b"".join(STAMP.pack(s) for s in stamps)
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            return len(stamps)
+        finally:
+            os.close(fd)
+
+    def held(self) -> list[tuple[str, Bundle]]:
+        """Every repository's current bundle in the directory (for eviction)."""
+        out = []
+        for name in os.listdir(self.dir):
+            if name.endswith(".json"):
+                tag = name[:-len(".json")]
+                bundle = self.current(tag)
+                if bundle is not None:
+                    out.append((tag, bundle))
+        return out
+
+    def drop(self, tag: str, bundle: Bundle) -> None:
+        """Unpublish ``bundle`` if it is still the current one, and remove its file."""
+        if self.current(tag) == bundle:
+            _unlink(self._meta(tag))
+        _unlink(bundle.path)
+
+    def close(self) -> None:
+        """Remove every file (a directory of this process's own)."""
+        for name in os.listdir(self.dir):
+            _unlink(os.path.join(self.dir, name))
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
