@@ -57,8 +57,9 @@ class CacheEntry:
     path: str
     repo: str
     created: float
-    size: int = 0  # bytes written, visible to readers
-    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, line)
+    size: int = 0  # bytes written (side-band-64k packets), visible to readers
+    pack_size: int = 0  # the pack's own bytes, once done
+    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (file offset, line)
     objects: int = 0
     done: bool = False
     failed: str | None = None  # the in-band error text every reader ends with
@@ -92,7 +93,9 @@ class CacheEntry:
 class PackCacheStats:
     lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("hit", "miss", "joined", "bypass"), 0))
-    served_bytes: int = 0  # bytes read from cache files and sent (every reader)
+    # bytes of cache files sent (every reader), by sendfile or through Python (cacheread.py)
+    served_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("sendfile", "python"), 0))
     generated_bytes: int = 0  # bytes producers wrote
     evictions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("size", "ttl", "failed"), 0))
@@ -153,6 +156,15 @@ class CacheStore:
         self.stats.lookups["joined" if result == "remote" else result] += 1
         return entry, result
 
+    def find(self, key: bytes) -> CacheEntry | None:
+        """The entry of ``key`` in this process's index (complete or being written), if
+        any, as the most recently used; nothing created, nothing counted."""
+        self._expire(time.monotonic())
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
     def _claim(self, key: bytes, repo: str, now: float) -> tuple[CacheEntry | None, str]:
         """A shared directory's lookup past our own index (cacheshare.py): ``hit`` (a
         pack another worker completed), ``miss`` (ours to produce) or ``remote`` (another
@@ -178,6 +190,7 @@ class CacheStore:
         progress = meta.get("progress")
         entry = CacheEntry(key, cacheshare.pack_path(self.directory, key), repo, now,
                            size=int(str(meta["size"])), objects=int(str(meta["objects"])),
+                           pack_size=int(str(meta.get("pack_size", 0))),
                            progress=[(int(o), bytes.fromhex(t)) for o, t in
                                      (progress if isinstance(progress, list) else [])],
                            done=True, completed=now, owned=False)
@@ -194,6 +207,7 @@ class CacheStore:
             if entry.verbatim is None and entry.listed and entry.done:
                 entry.path = cacheshare.publish(self.directory, entry.key, entry.path, {
                     "size": entry.size, "objects": entry.objects, "pid": os.getpid(),
+                    "pack_size": entry.pack_size,
                     "progress": [[o, t.hex()] for o, t in entry.progress]})
         except OSError as exc:
             log.warning("pack cache: cannot publish %s: %s", entry.path, exc)

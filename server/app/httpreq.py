@@ -12,7 +12,8 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-__all__ = ["HttpError", "BodyTimeout", "BodyTooLarge", "BodyLimits", "text_response",
+__all__ = ["HttpError", "ServiceDisabled", "body_arrived", "BodyTimeout", "BodyTooLarge",
+           "BodyLimits", "text_response",
            "start_response", "ADVERTISEMENT", "RESULT",
            "protocol_version", "split_path", "read_body", "decode_body", "check_declared_length",
            "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
@@ -32,6 +33,10 @@ class HttpError(Exception):
         super().__init__(text)
         self.status = status
         self.text = text
+
+
+class ServiceDisabled(Exception):
+    """``http.uploadpack`` is false: an empty 403 (http.py), as git-http-backend's."""
 
 
 ADVERTISEMENT = f"application/x-{UPLOAD_PACK}-advertisement"  # info/refs
@@ -116,6 +121,13 @@ def check_declared_length(request: web.BaseRequest, max_body: int) -> None:
     length = request.content_length
     if length is not None and length > max_body:
         raise BodyTooLarge(max_body)
+
+
+def body_arrived(request: web.BaseRequest) -> bool:
+    """The whole body is here already (it came with the head, as a small one does) and
+    needs no pool step to decode: reading it waits for nothing."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    return encoding in ("", "identity") and request.content.is_eof()
 
 
 async def read_body(request: web.Request, limits: BodyLimits,

@@ -45,7 +45,9 @@ WRITE_SLICE = 64 << 10
 
 
 class PktWriter:
-    """Buffers pkt-lines into chunks of at least 32 KiB before writing them."""
+    """Buffers pkt-lines into chunks of at least 32 KiB before writing them. ``request``
+    (the response's) lets a pack-cache reader send file regions into its socket
+    (cacheread.py)."""
 
     def __init__(
         self,
@@ -54,8 +56,10 @@ class PktWriter:
         sideband_all: bool = False,
         chunk_size: int = 32 * 1024,
         record: RequestRecord | None = None,
+        request: web.BaseRequest | None = None,
     ) -> None:
         self.response = response
+        self.request = request
         self.record = record
         self.sideband = sideband
         self.sideband_all = sideband_all
@@ -95,6 +99,12 @@ class PktWriter:
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    async def framed(self, data: bytes) -> None:
+        """Bytes framed already (side-band packets as this client wants them), written
+        after what is buffered."""
+        await self.drain()
+        await self._send(data)
 
     async def flush_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(FLUSH_PKT))

@@ -1,0 +1,119 @@
+"""Identical fetches answered from what their first occurrence decided (docs/ARCHITECTURE.md
+"Pack cache").
+
+A fetch's answer is a function of its request and of the repository's state. A fetch whose
+pack goes through the pack cache leaves here, under the key of its request (the
+repository, the namespace the URL serves, the user, the protocol version and the SHA-256
+of its body), what it was answered: the pack-cache key of its pack, the lines before and
+after the pack, its side-band and progress settings, and the repository state it was
+planned under (``RequestContext.fetch_state``: the ref state with HEAD, the config by
+value, the shallow file, the pack set). The same request again, under the same state, is
+answered from that without parsing its body, checking its wants, negotiating or
+computing its key: its pack-cache entry is read as it is (cacheread.py). One pool step
+reads the state again (``fetch_state``: stats of the directories and files each request
+reads anyway, through the same caches: store/fscache.py, store/refs.py); a different state
+is ``stale``, and the request is planned as any other.
+
+The key holds the user and the namespace, and the state the config (hideRefs) and the
+refs as this namespace sees them: an answer never crosses from one visibility to another.
+Only fetches whose answer depends on nothing else are kept: no packfile URIs, no bundles
+counted (``--bundles`` counts the full clones it sees), bodies up to
+:data:`SAME_BODY_MAX`. The answers are kept within :data:`SAME_BYTES`, least recently used
+first, counted in ``--cache-memory``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gitspout.protocol.fetch_request import Sideband
+from gitspout.protocol.fetch_response import Mark
+
+from ..store.lru import ByteLRU, MemoryBudget
+from .scope import RequestScope
+
+__all__ = ["SameFetches", "SameKey", "SameAnswer", "SAME_BYTES", "SAME_BODY_MAX"]
+
+SAME_BYTES = 16 << 20
+# Bodies hashed on the loop: a clone's wants, a CI fetch's haves. Larger ones (a mirror
+# of many refs negotiating) are planned every time.
+SAME_BODY_MAX = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class SameKey:
+    """Who asked what: the repository (its git directory), the namespace, the user, the
+    protocol version and the body's SHA-256."""
+
+    gitdir: str
+    namespace: bytes
+    user: str | None
+    version: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class SameAnswer:
+    """What a fetch was answered, and under which state of the repository."""
+
+    pack_key: bytes  # the pack cache's (PackStream.key)
+    state: tuple[object, ...]  # RequestContext.fetch_state when it was planned
+    before: tuple[bytes, ...]  # framed chunks before the pack
+    after: tuple[bytes | Mark, ...]  # what follows it
+    sideband: Sideband
+    sideband_all: bool
+    no_progress: bool
+    command: str  # for the request's record
+    agent: str
+    haves: int
+
+    def nbytes(self) -> int:
+        """What it holds, roughly: its lines and its state (the config and the ref
+        segments it names are shared with the ref caches)."""
+        return (400 + sum(map(len, self.before)) + 60 * len(self.after)
+                + 80 * sum(len(s) if isinstance(s, tuple) else 1 for s in self.state))
+
+
+class SameFetches:
+    """The answers of fetches seen, by :class:`SameKey` (the module doc)."""
+
+    def __init__(self, memory: MemoryBudget | None = None, budget: int = SAME_BYTES) -> None:
+        self.answers: ByteLRU[SameAnswer] = ByteLRU("same_fetches", budget, parent=memory)
+        self.results = dict.fromkeys(("hit", "stale", "miss"), 0)
+
+    @staticmethod
+    def key(scope: RequestScope, version: int, body: bytes) -> SameKey | None:
+        """The key of this request, or None when it is not to be kept (a large body)."""
+        view = scope.view
+        if view is None or len(body) > SAME_BODY_MAX:
+            return None
+        return SameKey(view.repo.gitdir, view.namespace, scope.record.user, version,
+                       hashlib.sha256(body).digest())
+
+    def get(self, key: SameKey) -> SameAnswer | None:
+        """The answer kept for ``key``, or None (counted as a miss)."""
+        answer = self.answers.get(key)
+        if answer is None:
+            self.results["miss"] += 1
+        return answer
+
+    def put(self, key: SameKey, answer: SameAnswer) -> None:
+        self.answers.put(key, answer, cost=answer.nbytes())
+
+    def forget(self, key: SameKey, result: str) -> None:
+        """The answer cannot serve (``result``: ``stale``, ``miss``): gone, counted."""
+        self.answers.pop(key)
+        self.results[result] += 1
+
+    async def fresh(self, scope: RequestScope, answer: SameAnswer) -> bool:
+        """Does the repository, as this request sees it, stand as it did when ``answer``
+        was planned? One pool step (the state is read after the request arrived: no older
+        than its own reads would be)."""
+        view = scope.view
+        assert view is not None
+        state = await scope.run(view.fetch_state)
+        return state is not None and state == answer.state
+
+    def hit(self) -> None:
+        self.results["hit"] += 1
