@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 
+from aiohttp import web
 from gitspout.protocol.fetch_request import Sideband
 from gitspout.protocol.sideband import (
     BAND_DATA,
@@ -33,10 +35,12 @@ from gitspout.protocol.sideband import (
 )
 
 from .cachestore import CacheEntry, PackCacheStats
+from .metrics import RequestRecord
 from .sendregion import SocketSender
 from .stream import PktWriter
 
-__all__ = ["read_entry", "FilePayloads", "pack_bytes_before", "WHOLE", "READ_CHUNK"]
+__all__ = ["read_entry", "send_complete", "FilePayloads", "pack_bytes_before", "WHOLE",
+           "READ_CHUNK"]
 
 WHOLE = -1  # what read_entry returns for an entry naming a pack to send whole
 READ_CHUNK = 256 * 1024  # one read per step of the Python path: four full packets
@@ -72,6 +76,44 @@ async def read_entry(entry: CacheEntry, fd: int, writer: PktWriter, keepalive: f
         entry.readers -= 1
         if entry.readers == 0 and not entry.done:
             entry.wake()  # the producer notices at its next step and stops
+
+
+async def send_complete(entry: CacheEntry, fd: int, request: web.BaseRequest,
+                        record: RequestRecord, head: bytes, after: bytes, no_progress: bool,
+                        stats: PackCacheStats,
+                        start: Callable[[int], Awaitable[web.StreamResponse]],
+                        ) -> web.StreamResponse:
+    """A complete entry to a client of side-band-64k (:meth:`SocketSender.usable`
+    ``request``) as one response of known length (``start`` makes it): ``head`` (the lines
+    before the pack) with the headers in one write, the file by sendfile with its progress
+    lines between regions, ``after`` in one last write. No chunk framing, no keepalive
+    (nothing is waited for). Closes ``fd``."""
+    try:
+        progress = [] if no_progress else [
+            (at, encode_band(BAND_PROGRESS, text, SIDEBAND_64K_MAX_DATA))
+            for at, text in entry.progress]
+        length = len(head) + sum(len(p) for _, p in progress) + entry.size + len(after)
+        resp = await start(length)
+        first = head + b"".join(p for at, p in progress if at <= 0)
+        await resp.write(first)  # with the headers, in one write
+        record.writes += 1
+        record.bytes += len(first)
+        sender = SocketSender(request, record)
+        try:
+            await sender.start()
+            pos = 0
+            for at, framed in [*(p for p in progress if p[0] > 0), (entry.size, after)]:
+                await sender.sendfile(fd, pos, at - pos)
+                stats.served_bytes["sendfile"] += at - pos
+                pos = at
+                sender.add(framed)
+            await sender.finish()
+        finally:
+            sender.close()
+        return resp
+    finally:
+        os.close(fd)
+        entry.readers -= 1
 
 
 async def _by_sendfile(entry: CacheEntry, fd: int, writer: PktWriter, sender: SocketSender,

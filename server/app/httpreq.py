@@ -48,9 +48,13 @@ def text_response(status: int, text: str) -> web.Response:
                         headers=NO_CACHE)
 
 
-async def start_response(request: web.Request, content_type: str) -> web.StreamResponse:
-    """A streamed 200, its headers sent: what is decided is decided (I4)."""
+async def start_response(request: web.Request, content_type: str,
+                         length: int | None = None) -> web.StreamResponse:
+    """A streamed 200, its headers sent with the first bytes: what is decided is decided
+    (I4). ``length``: its Content-Length, when known (else chunked)."""
     resp = web.StreamResponse(status=200, headers={**NO_CACHE, "Content-Type": content_type})
+    if length is not None:
+        resp.content_length = length
     await resp.prepare(request)
     return resp
 

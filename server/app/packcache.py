@@ -49,15 +49,17 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
 from gitspout.protocol.sideband import frame_data_packets
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..packgen import PackStats, PackStream, Progress
 from ..store.faults import FaultCounts
-from .cacheread import WHOLE, FilePayloads, read_entry
+from .cacheread import WHOLE, FilePayloads, read_entry, send_complete
 from .cacheshare import wait_for_producer
 from .cachestore import WRITE_COOLDOWN, CacheEntry, CacheStore, CacheWriteError, PackCacheLimits
 from .errors import answer_for
+from .metrics import RequestRecord
 from .samefetch import SameFetches
 from .scope import HeldExecutor
 from .stream import PULL_END, PktWriter, pull_items, pump_pack
@@ -173,6 +175,19 @@ class PackCache:
         entry.readers -= 1
         if entry.readers == 0 and not entry.done:
             entry.wake()
+
+    async def send_complete(self, found: tuple[CacheEntry, int, str], request: web.BaseRequest,
+                            record: RequestRecord, head: bytes, after: bytes, no_progress: bool,
+                            start: Callable[[int], Awaitable[web.StreamResponse]],
+                            ) -> tuple[web.StreamResponse, SentPack]:
+        """Send a complete entry :meth:`open_found` gave, as the whole response, of known
+        length (cacheread.py ``send_complete``)."""
+        entry, fd, result = found
+        resp = await send_complete(entry, fd, request, record, head, after, no_progress,
+                                   self.store.stats, start)
+        sent = SentPack(PackStats(kind=f"cache-{result}", objects=entry.objects,
+                                  size=entry.pack_size), cache=result)
+        return resp, sent
 
     async def send_found(self, found: tuple[CacheEntry, int, str], writer: PktWriter,
                          executor: HeldExecutor, stream_of: Callable[[], Awaitable[PackStream]],

@@ -28,7 +28,6 @@ import hashlib
 from dataclasses import dataclass
 
 from gitspout.protocol.fetch_request import Sideband
-from gitspout.protocol.fetch_response import Mark
 
 from ..store.lru import ByteLRU, MemoryBudget
 from .scope import RequestScope
@@ -59,8 +58,8 @@ class SameAnswer:
 
     pack_key: bytes  # the pack cache's (PackStream.key)
     state: tuple[object, ...]  # RequestContext.fetch_state when it was planned
-    before: tuple[bytes, ...]  # framed chunks before the pack
-    after: tuple[bytes | Mark, ...]  # what follows it
+    before: bytes  # the lines before the pack, framed
+    after: bytes  # what follows it, framed
     sideband: Sideband
     sideband_all: bool
     no_progress: bool
@@ -71,7 +70,7 @@ class SameAnswer:
     def nbytes(self) -> int:
         """What it holds, roughly: its lines and its state (the config and the ref
         segments it names are shared with the ref caches)."""
-        return (400 + sum(map(len, self.before)) + 60 * len(self.after)
+        return (400 + len(self.before) + len(self.after)
                 + 80 * sum(len(s) if isinstance(s, tuple) else 1 for s in self.state))
 
 

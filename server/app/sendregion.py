@@ -60,13 +60,13 @@ class SocketSender:
     @staticmethod
     def usable(request: web.BaseRequest | None) -> bool:
         """Can this response be written here? A plain socket under aiohttp's own writer,
-        no Content-Length (the writer would clip), open."""
+        open. (With a Content-Length the caller sends exactly that many bytes.)"""
         if request is None:
             return False
         transport, writer = request.transport, request.writer
         return (transport is not None and not transport.is_closing()
                 and transport.get_extra_info("socket") is not None
-                and isinstance(writer, StreamWriter) and writer.length is None
+                and isinstance(writer, StreamWriter)
                 and transport.get_extra_info("sslcontext") is None)
 
     async def start(self, first: bytes = b"") -> None:
@@ -82,8 +82,9 @@ class SocketSender:
             await asyncio.sleep(0.001)
         self._check_open()
         sock = transport.get_extra_info("socket")
-        self._sock = socket.socket(fileno=os.dup(sock.fileno()))
-        self._sock.setblocking(False)
+        # Family and type given: no syscall to find them out. The descriptor shares the
+        # connection's O_NONBLOCK: a send the socket cannot take raises BlockingIOError.
+        self._sock = socket.socket(sock.family, sock.type, 0, os.dup(sock.fileno()))
         self.add(first)
 
     def add(self, data: bytes) -> None:
@@ -114,10 +115,10 @@ class SocketSender:
                 continue
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionResetError(str(exc)) from None
-            if sent == 0:  # the file is shorter than told: the chunk can never be finished
-                log.warning("a cached file ended %d bytes early; connection cut", count)
-                self._transport.abort()
-                raise ConnectionResetError("file shorter than the region sent")
+            except OSError as exc:  # reading the file failed: the region can never end
+                raise self._cut(f"cannot send a cached file: {exc}") from exc
+            if sent == 0:
+                raise self._cut(f"a cached file ended {count} bytes early")
             self._count(sent)
             offset += sent
             count -= sent
@@ -166,6 +167,13 @@ class SocketSender:
         if rec is not None:
             rec.writes += 1
             rec.bytes += n
+
+    def _cut(self, why: str) -> ConnectionResetError:
+        """A region announced and not sent whole: no in-band message can follow it, the
+        connection is cut (the client sees a truncated response, never a wrong one)."""
+        log.warning("%s; connection cut", why)
+        self._transport.abort()
+        return ConnectionResetError(why)
 
     def _check_open(self) -> None:
         if self._transport.is_closing():

@@ -34,8 +34,9 @@ from .metrics import RequestRecord
 from .packcache import SentPack
 from .samefetch import SameAnswer, SameKey
 from .scope import RequestScope
+from .sendregion import SocketSender
 from .state import ServerState
-from .stream import PktWriter, pump_pack
+from .stream import PktWriter, frame_items, pump_pack
 
 __all__ = ["advertise", "serve_post"]
 
@@ -63,9 +64,8 @@ async def advertise(state: ServerState, scope: RequestScope, request: web.Reques
     chunks = await scope.run(_checked, check, answers.advertisement_chunks, _view(scope),
                              version, [SERVICE_LINE])
     resp = await start_response(request, ADVERTISEMENT)
-    await PktWriter(resp, record=scope.record).chunks(chunks)
+    await PktWriter(resp, record=scope.record).end_with(chunks)
     scope.since("advertise", start)
-    await resp.write_eof()
     return resp
 
 
@@ -134,19 +134,20 @@ async def _planned(state: ServerState, scope: RequestScope, request: web.Request
         raise failed
     if req is not None and decided is not None:
         sideband = Sideband.LARGE if version == 2 else req.sideband
-        _remember(state, scope, key, decided, sideband, req)
-        return await _respond(state, scope, request, decided, sideband,
-                              req.sideband_all and version == 2)
+        sideband_all = req.sideband_all and version == 2
+        _remember(state, scope, key, decided, sideband, sideband_all, req)
+        return await _respond(state, scope, request, decided, sideband, sideband_all)
     resp = await start_response(request, RESULT)
+    await PktWriter(resp, record=rec).end_with(
+        parsed.chunks if isinstance(parsed, Listing) else [])
     if isinstance(parsed, Listing):
-        await PktWriter(resp, record=rec).chunks(parsed.chunks)
         scope.since("advertise", start)
-    await resp.write_eof()
     return resp
 
 
 def _remember(state: ServerState, scope: RequestScope, key: SameKey | None,
-              decided: DecidedFetch, sideband: Sideband, req: FetchRequest) -> None:
+              decided: DecidedFetch, sideband: Sideband, sideband_all: bool,
+              req: FetchRequest) -> None:
     """Keep what this fetch is answered for the same request again (samefetch.py): a pack
     through the cache, and nothing that depends on more than the request and the state."""
     cache = state.pack_cache
@@ -156,8 +157,9 @@ def _remember(state: ServerState, scope: RequestScope, key: SameKey | None,
         return
     rec = scope.record
     same.put(key, SameAnswer(
-        decided.key, decided.state, tuple(decided.head.before), tuple(decided.after),
-        sideband, req.sideband_all, req.no_progress, rec.command, rec.agent, rec.haves))
+        decided.key, decided.state, b"".join(decided.head.before),
+        frame_items(decided.after, sideband_all), sideband, sideband_all, req.no_progress,
+        rec.command, rec.agent, rec.haves))
 
 
 async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Request,
@@ -175,6 +177,17 @@ async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Requ
             cache.same.forget(key, "miss")
             return None
         cache.same.hit()
+        entry = found[0]
+        if entry.done and answer.sideband is Sideband.LARGE and SocketSender.usable(request):
+            # Complete: the whole response's length is known (cacheread.py send_complete).
+            start = time.monotonic()
+            resp, sent = await cache.send_complete(
+                found, request, rec, answer.before, answer.after, answer.no_progress,
+                lambda length: start_response(request, RESULT, length))
+            _record_pack(scope, sent)
+            scope.since("send", start)
+            await resp.write_eof()
+            return resp
         consumed = False
 
         async def stream_of() -> PackStream:
@@ -198,10 +211,9 @@ async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Requ
             resp = await start_response(request, RESULT)
             writer = PktWriter(resp, answer.sideband, sideband_all=answer.sideband_all,
                                record=rec, request=request)
-            await writer.chunks(answer.before)
+            await writer.framed(answer.before)
             await _send_pack(state, scope, writer, None, answer.no_progress, found=send)
-            await writer.items(answer.after)
-            await writer.drain()
+            await writer.framed(answer.after)
             await resp.write_eof()
         finally:
             if not consumed:
