@@ -79,7 +79,7 @@ class SameFetches:
 
     def __init__(self, memory: MemoryBudget | None = None, budget: int = SAME_BYTES) -> None:
         self.answers: ByteLRU[SameAnswer] = ByteLRU("same_fetches", budget, parent=memory)
-        self.results = dict.fromkeys(("hit", "stale", "miss"), 0)
+        self.results = dict.fromkeys(("hit", "stale", "gone"), 0)
 
     @staticmethod
     def key(scope: RequestScope, version: int, body: bytes) -> SameKey | None:
@@ -91,17 +91,16 @@ class SameFetches:
                        hashlib.sha256(body).digest())
 
     def get(self, key: SameKey) -> SameAnswer | None:
-        """The answer kept for ``key``, or None (counted as a miss)."""
-        answer = self.answers.get(key)
-        if answer is None:
-            self.results["miss"] += 1
-        return answer
+        """The answer kept for ``key``, or None (not counted: most requests are not seen
+        before, and which of them are fetches is not known before they are parsed)."""
+        return self.answers.get(key)
 
     def put(self, key: SameKey, answer: SameAnswer) -> None:
         self.answers.put(key, answer, cost=answer.nbytes())
 
     def forget(self, key: SameKey, result: str) -> None:
-        """The answer cannot serve (``result``: ``stale``, ``miss``): gone, counted."""
+        """The answer cannot serve (``result``: ``stale``, or ``gone``: its pack is no
+        longer in the cache): dropped, counted."""
         self.answers.pop(key)
         self.results[result] += 1
 

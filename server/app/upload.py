@@ -2,13 +2,15 @@
 gitprotocol-pack): the advertisement of ``info/refs``, and each POST: a v2 command
 (``ls-refs``, ``object-info``, ``fetch``) or a v0/v1 upload-request.
 
-It asks core for every decision in the pool (``core/commands.py``, ``core/fetch.py``, the
-lines before the pack framed by ``core/framing.py``) before the response starts (I4);
-then takes a pack slot when a pack follows (admission.py), starts the response, writes
-what core framed and the pack packgen produces (through the pack cache), and records what
-core and packgen measured. The HTTP adapter (``http.py``) calls it, having decoded the
-request; whatever is raised here goes back to the adapter, or, once the pack is under way,
-in-band (both through errors.py).
+It asks core for every decision in the pool, one step per request (``core/commands.py``,
+``core/decided.py``: the plan of ``core/fetch.py``, the lines before the pack framed by
+``core/framing.py``) before the response starts (I4); then takes a pack slot when a pack
+follows (admission.py), starts the response, writes what core framed and the pack
+packgen produces (through the pack cache), and records what core and packgen measured. A
+fetch seen before under the same repository state skips the deciding: its answer is kept
+(samefetch.py) and its pack read from the cache as it is (cacheread.py). The HTTP adapter
+(``http.py``) calls it, having decoded the request; whatever is raised here goes back to
+the adapter, or, once the pack is under way, in-band (both through errors.py).
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Requ
     async with _pack_slot(state, scope, True):
         found = cache.open_found(answer.pack_key)
         if found is None:  # evicted (TTL, cap), failed, or whole: planned again
-            cache.same.forget(key, "miss")
+            cache.same.forget(key, "gone")
             return None
         cache.same.hit()
         entry = found[0]

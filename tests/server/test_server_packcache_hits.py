@@ -22,6 +22,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def lookups(port: int) -> dict[str, int]:
 def same(port: int) -> dict[str, int]:
     m = cache_metrics(port)
     return {r: int(m.get(f'gitspout_pack_cache_same_requests_total{{result="{r}"}}', 0))
-            for r in ("hit", "stale", "miss")}
+            for r in ("hit", "stale", "gone")}
 
 
 def served(port: int) -> dict[str, int]:
@@ -267,7 +268,7 @@ def test_a_ref_update_between_identical_requests_is_answered_fresh(
         answers = [post_upload_pack(srv.port, body, REPO, version=2, timeout=TIMEOUT)
                    for _ in range(2)]
         assert answers[0].body == answers[1].body
-        assert same(srv.port) == {"hit": 1, "stale": 0, "miss": 1}
+        assert same(srv.port) == {"hit": 1, "stale": 0, "gone": 0}
         repo = own_root / REPO
         old = tip(git, own_root)
         tree = git.out("--git-dir", str(repo), "rev-parse", "main^{tree}").strip()
@@ -284,6 +285,27 @@ def test_a_ref_update_between_identical_requests_is_answered_fresh(
         git.run("-c", "protocol.version=2", "clone", "-q", "--mirror", f"{srv.url}/{REPO}",
                 str(clone))
         assert_like_file_clone(git, own_root, clone, "--mirror")
+    finally:
+        srv.stop()
+
+
+def test_an_answer_whose_pack_expired_is_planned_again(
+        git: Git, hits_root: Path, cache_dir: Path) -> None:
+    """The answer of a fetch is kept beyond its pack: once the pack has left the cache
+    (its TTL), the same request is planned and produced again (``gone``), the same pack."""
+    srv = start_server(hits_root, ["--pack-cache-dir", str(cache_dir), "--pack-cache-ttl", "1"])
+    try:
+        body = v2_fetch(f"want {tip(git, hits_root, 'side')}", "no-progress")
+        first = post_upload_pack(srv.port, body, REPO, version=2, timeout=TIMEOUT)
+        assert post_upload_pack(srv.port, body, REPO, version=2, timeout=TIMEOUT).body \
+            == first.body
+        # The scenario: the entry grows older than its TTL (it expires at the next
+        # lookup; a sleep never ends early).
+        time.sleep(1.5)
+        again = post_upload_pack(srv.port, body, REPO, version=2, timeout=TIMEOUT)
+        assert v2_pack(again.body) == v2_pack(first.body)
+        assert same(srv.port) == {"hit": 1, "stale": 0, "gone": 1}
+        assert lookups(srv.port) == {"hit": 1, "miss": 2, "joined": 0, "bypass": 0}
     finally:
         srv.stop()
 
