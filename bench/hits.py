@@ -23,7 +23,9 @@ they end:
   sender process (it accepts, reads the file name, sends the file, closes), to a client
   reading as the hit's does: the kernel's cost of those bytes. Target: hit/bare <= 2;
 - **floor**: ``GET /healthz`` on a new connection: what aiohttp costs per request before
-  gitspout does anything (a part of hit that no pack path removes).
+  gitspout does anything (a part of hit that no pack path removes); and a minimal aiohttp
+  app (uvloop) that answers the same request with the same file by ``os.sendfile``, and
+  nothing else: the least an aiohttp handler costs for these bytes.
 
 Every clone is checked (``git fsck --connectivity-only`` on one per round), and the table
 shows medians over the rounds (``--hits`` samples of hit, bare and floor per round), with
@@ -83,6 +85,59 @@ while True:
         off += os.sendfile(conn.fileno(), fd, off, size - off)
     os.close(fd)
     conn.close()
+"""
+
+
+# The least an aiohttp server can do for the same answer (uvloop, as gitspout): read the
+# request, send headers, then the file by os.sendfile on a duplicate of the socket
+# (server/app/filesend.py's way), waiting for writability when the socket is full.
+AIOHTTP_SENDFILE = r"""
+import asyncio, os, sys
+import uvloop
+from aiohttp import web
+
+PATH = sys.argv[1]
+
+async def handle(request):
+    await request.read()
+    size = os.stat(PATH).st_size
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-git-upload-pack-result"})
+    resp.content_length = size
+    await resp.prepare(request)
+    request.writer.send_headers()
+    loop = asyncio.get_running_loop()
+    out = os.dup(request.transport.get_extra_info("socket").fileno())
+    fd = os.open(PATH, os.O_RDONLY)
+    try:
+        off = 0
+        while off < size:
+            try:
+                off += os.sendfile(out, fd, off, size - off)
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(out, ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(out)
+    finally:
+        os.close(fd)
+        os.close(out)
+    await resp.write_eof()
+    return resp
+
+async def main():
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+uvloop.install()
+asyncio.run(main())
 """
 
 
@@ -210,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.warmup):
             clones(url, [work / f"warm{i}.git"], args.filter)
         start = metrics(port)
-        rows: dict[str, list[float]] = {k: [] for k in ("one", "eight", "hit", "bare", "floor")}
+        rows: dict[str, list[float]] = {
+            k: [] for k in ("one", "eight", "hit", "bare", "floor", "minimal")}
+        minimal: subprocess.Popen[str] | None = None
         size = 0
         for r in range(args.rounds):
             time.sleep(TTL + 0.5)  # the entry expires: this clone produces the pack
@@ -223,12 +280,19 @@ def main(argv: list[str] | None = None) -> int:
             baseline = work / "cached.pack"  # the same bytes, kept from eviction
             shutil.copyfile(cached, baseline)
             size = baseline.stat().st_size
+            if minimal is None:
+                minimal = subprocess.Popen([sys.executable, "-c", AIOHTTP_SENDFILE,
+                                            str(baseline)], stdout=subprocess.PIPE, text=True)
+                assert minimal.stdout is not None
+                minimal_port = int(minimal.stdout.readline())
             before = metrics(port)
             for _ in range(args.hits):
                 rows["hit"].append(measure(pid, lambda: fetch_once(
                     port, "/repo.git/git-upload-pack", body)))
                 rows["bare"].append(measure(sender.pid, lambda b=baseline: bare_once(bare_port, b)))
                 rows["floor"].append(measure(pid, lambda: get_once(port, "/healthz")))
+                rows["minimal"].append(measure(minimal.pid, lambda p=minimal_port: fetch_once(
+                    p, "/repo.git/git-upload-pack", body)))
             hits = metrics(port).get("lookups.hit", 0) - before.get("lookups.hit", 0)
             if hits != args.hits:
                 raise RuntimeError(f"{hits:.0f} of {args.hits} hit fetches were cache hits")
@@ -252,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         print("over the run: " + ", ".join(
             f"{k} {end.get(k, 0) - start.get(k, 0):.0f}" for k in sorted(end)))
     finally:
-        sender.kill()
-        sender.wait()
+        for proc in (sender, minimal):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
@@ -274,6 +340,8 @@ def table(rows: dict[str, list[float]], args: argparse.Namespace, size: int) -> 
         f"| bare sendfile of the cache file | {med['bare']:.2f} | 1.00 | |",
         f"| aiohttp floor: GET /healthz | {med['floor']:.2f} | "
         f"{med['floor'] / med['bare']:.2f} x bare | |",
+        f"| aiohttp floor: a minimal app sending the file | {med['minimal']:.2f} | "
+        f"{med['minimal'] / med['bare']:.2f} x bare | |",
     ]
     return "\n".join(lines)
 

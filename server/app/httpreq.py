@@ -148,7 +148,15 @@ async def read_body(request: web.Request, limits: BodyLimits,
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
     gzip = encoding in ("gzip", "x-gzip")
     check_declared_length(request, limits.max_body)
-    parts = await _read_parts(request.content, limits, take)
+    content = request.content
+    if content.is_eof():  # here whole already: no deadline to apply, nothing to wait for
+        parts = [content.read_nowait()]
+        if len(parts[0]) > limits.max_body:
+            raise HttpError(413, f"request body larger than {limits.max_body} bytes")
+        if take is not None:
+            take(len(parts[0]))
+    else:
+        parts = await _read_parts(content, limits, take)
     if not gzip and sum(map(len, parts)) <= INLINE_BODY:
         return b"".join(parts)
     body: bytes = await run(decode_body, parts, gzip, limits)

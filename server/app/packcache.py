@@ -155,10 +155,10 @@ class PackCache:
         index, complete or being written, with a reader's descriptor on its file, and
         ``hit`` or ``joined``; None when there is nothing to read (never cached here,
         evicted, failed, or naming a pack to send whole). Counted as a lookup only when
-        found."""
+        found. (An entry whose producer has not decided yet may still turn out to name a
+        whole pack: its reader then plans its own stream, as ``send_found`` says.)"""
         entry = self.store.find(key)
-        if entry is None or entry.verbatim is not None or entry.failed is not None \
-                or (not entry.done and entry.size == 0):  # not decided yet: maybe whole
+        if entry is None or entry.verbatim is not None or entry.failed is not None:
             return None
         try:
             fd = self.store.open_reader(entry)

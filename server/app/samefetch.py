@@ -9,7 +9,8 @@ after the pack, its side-band and progress settings, and the repository state it
 planned under (``RequestContext.fetch_state``: the ref state with HEAD, the config by
 value, the shallow file, the pack set). The same request again, under the same state, is
 answered from that without parsing its body, checking its wants, negotiating or
-computing its key: its pack-cache entry is read as it is (cacheread.py). One pool step
+computing its key: its pack-cache entry is read as it is (cacheread.py). The same
+request arriving while the first is being planned waits for that plan. One pool step
 reads the state again (``fetch_state``: stats of the directories and files each request
 reads anyway, through the same caches: store/fscache.py, store/refs.py); a different state
 is ``stale``, and the request is planned as any other.
@@ -24,6 +25,7 @@ first, counted in ``--cache-memory``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 
@@ -80,6 +82,29 @@ class SameFetches:
     def __init__(self, memory: MemoryBudget | None = None, budget: int = SAME_BYTES) -> None:
         self.answers: ByteLRU[SameAnswer] = ByteLRU("same_fetches", budget, parent=memory)
         self.results = dict.fromkeys(("hit", "stale", "gone"), 0)
+        # Requests being planned, by key: the same request meanwhile waits for that plan
+        # (a storm of identical clones is planned once, not once per clone in flight).
+        self.planning: dict[SameKey, asyncio.Future[SameAnswer | None]] = {}
+
+    async def planned(self, key: SameKey) -> SameAnswer | None:
+        """The answer of the same request being planned now, once it is (None when none
+        is, or it kept nothing: the caller plans for itself)."""
+        fut = self.planning.get(key)
+        if fut is None:
+            return None
+        return await asyncio.shield(fut)
+
+    def begin(self, key: SameKey) -> None:
+        """This request is planned now (:meth:`planned` waits for it); :meth:`end` follows
+        in every case."""
+        if key not in self.planning:
+            self.planning[key] = asyncio.get_running_loop().create_future()
+
+    def end(self, key: SameKey) -> None:
+        """Planning is over: who waited gets what was kept (or None)."""
+        fut = self.planning.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(self.answers.get(key))
 
     @staticmethod
     def key(scope: RequestScope, version: int, body: bytes) -> SameKey | None:

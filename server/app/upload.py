@@ -78,7 +78,9 @@ async def serve_post(state: ServerState, scope: RequestScope, request: web.Reque
     step: samefetch.py); any other request is parsed and decided in one pool step."""
     same = state.pack_cache.same if state.pack_cache is not None else None
     key = same.key(scope, version, body) if same is not None else None
-    answer = same.get(key) if same is not None and key is not None else None
+    answer = None
+    if same is not None and key is not None:
+        answer = same.get(key) or await same.planned(key)
     if same is not None and key is not None and answer is not None:
         now = await scope.run(_checked, check, _view(scope).fetch_state)
         check = None
@@ -120,9 +122,37 @@ async def _planned(state: ServerState, scope: RequestScope, request: web.Request
                    body: bytes, version: int, key: SameKey | None,
                    check: Check) -> web.StreamResponse:
     start = time.monotonic()
-    parsed, decided, failed = await scope.run(_read_post, check, _view(scope), body, version,
-                                              key is not None)
     rec = scope.record
+    if version != 2:
+        rec.command = "fetch"  # recorded as one even when it cannot be parsed
+    same = state.pack_cache.same if state.pack_cache is not None else None
+    if same is not None and key is not None:
+        same.begin(key)  # the same request meanwhile waits for this plan
+    try:
+        parsed, decided, failed = await scope.run(_read_post, check, _view(scope), body,
+                                                  version, key is not None)
+        req = _note_command(rec, parsed)
+        if failed is not None:
+            raise failed
+        if req is not None and decided is not None:
+            sideband = Sideband.LARGE if version == 2 else req.sideband
+            sideband_all = req.sideband_all and version == 2
+            _remember(state, scope, key, decided, sideband, sideband_all, req)
+    finally:
+        if same is not None and key is not None:
+            same.end(key)
+    if req is not None and decided is not None:
+        return await _respond(state, scope, request, decided, sideband, sideband_all)
+    resp = await start_response(request, RESULT)
+    await PktWriter(resp, record=rec).end_with(
+        parsed.chunks if isinstance(parsed, Listing) else [])
+    if isinstance(parsed, Listing):
+        scope.since("advertise", start)
+    return resp
+
+
+def _note_command(rec: RequestRecord, parsed: Command | FetchRequest) -> FetchRequest | None:
+    """Record what a POST asked for; its fetch request, if it is one."""
     req: FetchRequest | None = None
     if isinstance(parsed, FetchRequest):  # v0/v1
         rec.command, req = "fetch", parsed
@@ -132,19 +162,7 @@ async def _planned(state: ServerState, scope: RequestScope, request: web.Request
         req = parsed.req if isinstance(parsed, FetchCommand) else None
     if req is not None:
         _note_fetch(rec, req)
-    if failed is not None:
-        raise failed
-    if req is not None and decided is not None:
-        sideband = Sideband.LARGE if version == 2 else req.sideband
-        sideband_all = req.sideband_all and version == 2
-        _remember(state, scope, key, decided, sideband, sideband_all, req)
-        return await _respond(state, scope, request, decided, sideband, sideband_all)
-    resp = await start_response(request, RESULT)
-    await PktWriter(resp, record=rec).end_with(
-        parsed.chunks if isinstance(parsed, Listing) else [])
-    if isinstance(parsed, Listing):
-        scope.since("advertise", start)
-    return resp
+    return req
 
 
 def _remember(state: ServerState, scope: RequestScope, key: SameKey | None,
@@ -175,8 +193,9 @@ async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Requ
     rec.command, rec.agent, rec.haves = answer.command, answer.agent, answer.haves
     async with _pack_slot(state, scope, True):
         found = cache.open_found(answer.pack_key)
-        if found is None:  # evicted (TTL, cap), failed, or whole: planned again
-            cache.same.forget(key, "gone")
+        if found is None:  # evicted (TTL, cap), failed, whole, or not begun: planned again
+            if cache.store.find(answer.pack_key) is None:
+                cache.same.forget(key, "gone")
             return None
         cache.same.hit()
         entry = found[0]

@@ -22,6 +22,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,6 +253,40 @@ def test_http_10_client_gets_the_file_unchunked(git: Git, hits_root: Path,
         assert pack_object_ids(git, pack) == objects_reachable(git, hits_root / REPO, "main")
     assert same(hits_server.port)["hit"] == 1
     assert served(hits_server.port)["python"] == 0
+
+
+def test_identical_requests_at_once_are_planned_once(
+        git: Git, hits_root: Path, hits_server: LiveServer) -> None:
+    """Eight identical fetches sent at the same instant: the first is planned, the others
+    wait for that plan and read its pack (none plans for itself: every one but the
+    first is answered from the first), and every answer is the same whole pack."""
+    body = v2_fetch(f"want {tip(git, hits_root)}", f"want {tip(git, hits_root, 'side')}")
+    request_bytes = build_request("POST", f"/{REPO}/git-upload-pack", {
+        "Content-Type": UPLOAD_CT, "Git-Protocol": "version=2"}, body)
+    socks = [connect(hits_server.port, TIMEOUT) for _ in range(8)]
+    go = threading.Barrier(len(socks))
+    answers: list[bytes] = [b""] * len(socks)
+
+    def fetch(i: int) -> None:
+        go.wait()
+        socks[i].sendall(request_bytes)
+        answers[i] = read_until_close(socks[i], TIMEOUT)[0]
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(len(socks))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+    finally:
+        for sock in socks:
+            sock.close()
+    packs = {v2_pack(parse_response(a).body) for a in answers}
+    assert len(packs) == 1
+    assert pack_object_ids(git, packs.pop()) == objects_reachable(
+        git, hits_root / REPO, "main", "side")
+    assert same(hits_server.port) == {"hit": 7, "stale": 0, "gone": 0}
+    assert lookups(hits_server.port)["miss"] == 1
 
 
 # -- the same request under another state or scope --------------------------------------
