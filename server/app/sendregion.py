@@ -91,6 +91,8 @@ class SocketSender:
         """``data`` goes out before the next region, or at :meth:`finish`."""
         if not data:
             return
+        if self._record is not None:
+            self._record.bytes += len(data)  # the body's bytes, as the client decodes them
         if self._chunked:
             self._pending += b"%x\r\n" % len(data)
             self._pending += data
@@ -120,6 +122,8 @@ class SocketSender:
             if sent == 0:
                 raise self._cut(f"a cached file ended {count} bytes early")
             self._count(sent)
+            if self._record is not None:
+                self._record.bytes += sent
             offset += sent
             count -= sent
             self._since_yield += sent
@@ -161,12 +165,11 @@ class SocketSender:
             view = view[n:]
 
     def _count(self, n: int) -> None:
+        """``n`` bytes (framing included) the kernel took in one call."""
         self.sent += n
         self._writer.output_size += n  # what the send watch measures progress by
-        rec = self._record
-        if rec is not None:
-            rec.writes += 1
-            rec.bytes += n
+        if self._record is not None:
+            self._record.writes += 1
 
     def _cut(self, why: str) -> ConnectionResetError:
         """A region announced and not sent whole: no in-band message can follow it, the

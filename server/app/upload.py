@@ -213,7 +213,8 @@ async def _same_fetch(state: ServerState, scope: RequestScope, request: web.Requ
 
         async def stream_of() -> PackStream:
             """This request's own stream, should the pack have to be made here after all
-            (the producer could not write the file): planned as the first one was."""
+            (the producer could not write the file, or the entry turned out to name a
+            whole pack): planned as the first one was."""
             _, decided, failed = await scope.run(_read_post, None, _view(scope), body,
                                                  version, False)
             if failed is not None:
