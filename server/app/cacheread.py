@@ -47,6 +47,10 @@ READ_CHUNK = 256 * 1024  # one read per step of the Python path: four full packe
 # The Python path lets other tasks run after this many bytes: a reader whose client keeps
 # taking data never waits in ``write`` (the sendfile path yields in sendregion.py).
 YIELD_EVERY = 256 * 1024
+# A sendfile reader following the producer sends a region once this much more is written
+# (or the entry ends): not one per producer step (256 KiB), each region a chunk header, a
+# sendfile and a wake-up of its own, for every reader.
+FOLLOW_BYTES = 1 << 20
 
 
 async def read_entry(entry: CacheEntry, fd: int, writer: PktWriter, keepalive: float,
@@ -149,7 +153,7 @@ async def _by_sendfile(entry: CacheEntry, fd: int, writer: PktWriter, sender: So
             return None
         elif not entry.done:
             await sender.finish()  # nothing held back while the producer works
-            if not await entry.changed(keepalive):
+            if not await entry.grown(pos, FOLLOW_BYTES, keepalive):
                 sender.add(encode_keepalive())
 
 

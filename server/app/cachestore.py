@@ -88,6 +88,21 @@ class CacheEntry:
         except TimeoutError:
             return False
 
+    async def grown(self, since: int, want: int, timeout: float) -> bool:
+        """Wait until ``want`` bytes more than ``since`` are written, or the producer
+        ends or fails or decides something (progress, a whole pack); False after
+        ``timeout`` in all. A reader following the producer sends a region per ``want``
+        bytes, not per producer step (each region costs its writes and a wake-up)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout > 0 else None
+        shown = len(self.progress)
+        while self.size < since + want and not self.done and self.failed is None \
+                and self.verbatim is None and len(self.progress) == shown:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0 or not await self.changed(left or 0.0):
+                return False
+        return True
+
 
 @dataclass
 class PackCacheStats:
