@@ -385,6 +385,46 @@ def test_a_hidden_or_deleted_ref_is_not_answered_from_before(
         srv.stop()
 
 
+def test_users_never_share_an_answer_and_access_comes_first(
+        git: Git, hits_root: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """With --auth-file, the same body from two users: each is answered from its own
+    first request, never from the other's (the pack is shared all the same); a user the
+    repository is not open to is refused before any answer is looked at."""
+    import base64
+
+    import bcrypt
+    passwords = {"alice": "al1ce-pw", "bob": "b0b-pw", "carol": "car0l-pw"}
+    auth = tmp_path / "auth.toml"
+    auth.write_text('[users]\n' + "".join(
+        f'{u} = "{bcrypt.hashpw(p.encode(), bcrypt.gensalt(4)).decode()}"\n'
+        for u, p in passwords.items())
+        + f'[[access]]\nrepos = ["{REPO}"]\nusers = ["alice", "bob"]\n')
+    srv = start_server(hits_root, ["--pack-cache-dir", str(cache_dir), "--auth-file", str(auth)])
+    body = v2_fetch(f"want {tip(git, hits_root, 'side')}", "no-progress")
+
+    def fetch(user: str) -> tuple[int, bytes]:
+        token = base64.b64encode(f"{user}:{passwords[user]}".encode()).decode()
+        resp = post_upload_pack(srv.port, body, REPO, version=2, timeout=TIMEOUT,
+                                headers={"Authorization": f"Basic {token}"})
+        return resp.status, resp.body
+
+    try:
+        status, first = fetch("alice")
+        assert status == 200 and tip(git, hits_root, "side") in pack_object_ids(
+            git, v2_pack(first))
+        assert fetch("alice") == (200, first)
+        assert same(srv.port)["hit"] == 1
+        assert fetch("bob") == (200, first)
+        assert same(srv.port)["hit"] == 1  # bob's first is planned for bob
+        assert lookups(srv.port)["hit"] == 2  # and reads the pack alice's produced
+        assert fetch("bob") == (200, first)
+        assert same(srv.port)["hit"] == 2
+        assert fetch("carol")[0] == 403
+        assert same(srv.port)["hit"] == 2
+    finally:
+        srv.stop()
+
+
 @pytest.fixture
 def ns_root(tmp_path: Path, git: Git, hits_root: Path) -> tuple[Path, str, str]:
     """ns.git: namespace ``a`` shows main, namespace ``b`` shows main~1 only. Returns the
