@@ -70,18 +70,27 @@ class CacheEntry:
     listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
     lock: int = -1  # a shared directory's producer: its flock until published (cacheshare.py)
     owned: bool = True  # False: adopted from another worker, whose file and bytes it is
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # readers waiting for a change: (the size that wakes them, 0 for any change, future)
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
-    def wake(self) -> None:
-        waiters, self.waiters = self.waiters, []
-        for fut in waiters:
+    def wake(self, grown_only: bool = False) -> None:
+        """Wake the readers waiting for a change. ``grown_only``: the producer only wrote
+        bytes; a reader waiting for more than there are now sleeps on."""
+        if grown_only:
+            size = self.size
+            waiters = [w for w in self.waiters if w[0] <= size]
+            self.waiters = [w for w in self.waiters if w[0] > size]
+        else:
+            waiters, self.waiters = self.waiters, []
+        for _, fut in waiters:
             if not fut.done():
                 fut.set_result(None)
 
-    async def changed(self, timeout: float) -> bool:
-        """Wait until the producer writes, ends or fails; False after ``timeout``."""
+    async def changed(self, timeout: float, until: int = 0) -> bool:
+        """Wait until the producer writes (``until`` bytes in all, when given), ends or
+        fails; False after ``timeout``."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
+        self.waiters.append((until, fut))
         try:
             await asyncio.wait_for(fut, timeout if timeout > 0 else None)
             return True
@@ -99,7 +108,8 @@ class CacheEntry:
         while self.size < since + want and not self.done and self.failed is None \
                 and self.verbatim is None and len(self.progress) == shown:
             left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0 or not await self.changed(left or 0.0):
+            if left is not None and left <= 0 \
+                    or not await self.changed(left or 0.0, since + want):
                 return False
         return True
 

@@ -257,6 +257,7 @@ class PackCache:
                     return
             while entry.readers and not entry.done:
                 step = loop.run_in_executor(executor, _produce_step, stream, fd, framer)
+                shown = len(entry.progress)
                 for item in await step:
                     if item is PULL_END:
                         entry.done = True
@@ -268,7 +269,7 @@ class PackCache:
                         entry.progress.append((entry.size, item.text))
                     else:
                         store.grew(entry, item)
-                entry.wake()
+                entry.wake(grown_only=not entry.done and len(entry.progress) == shown)
         except Exception as exc:  # every reader ends with it (or goes on without the cache)
             self._failed(entry, exc)
         finally:
