@@ -29,6 +29,25 @@ class ServerError(RuntimeError):
     """A server failed to start, died, or did not become ready in time."""
 
 
+def process_cpu_ns(pid: int) -> int:
+    """CPU time (user + system, ns) of every live thread of process *pid*, from
+    ``/proc/<pid>/task/*/schedstat`` (nanoseconds; ``/proc/<pid>/stat`` counts 10 ms
+    ticks). A thread that exited meanwhile takes its time with it: measure servers
+    whose threads live as long as they do (gitspout's pool threads are never stopped)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        raise ServerError(f"process {pid} is gone") from None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it exited between the listing and the read
+    return total
+
+
 def exit_on_sigterm() -> None:
     """Turn SIGTERM/SIGHUP into ``SystemExit`` so ``with`` blocks still clean up
     (kill servers, remove cgroups) when a benchmark is terminated."""

@@ -25,6 +25,8 @@ __all__ = [
     "max_band_payload",
     "encode_band",
     "iter_band_packets",
+    "frame_data_packets",
+    "split_band_packets",
     "encode_keepalive",
     "band_payload",
     "encode_err_pkt",
@@ -55,6 +57,48 @@ def iter_band_packets(band: int, data: bytes | memoryview, max_data: int) -> Ite
     for start in range(0, len(view), max_data):
         piece = view[start : start + max_data]
         yield b"%04x" % (len(piece) + 5) + prefix + piece
+
+
+def frame_data_packets(data: bytes, final: bool,
+                       max_data: int = SIDEBAND_64K_MAX_DATA) -> tuple[list[bytes | memoryview], int]:
+    """``data`` as band-1 packets of ``max_data`` bytes each, as (header, payload) parts for
+    one ``writev``, and how many bytes of ``data`` they hold: whole packets only, unless
+    ``final`` (then the rest too, in a shorter last packet). What is left over goes in
+    front of the next call's data: a stream framed this way is the same packets however
+    its bytes came, every one full but the last (the pack cache's files, app/packcache.py)."""
+    view = memoryview(data)
+    end = len(view) if final else len(view) - len(view) % max_data
+    parts: list[bytes | memoryview] = []
+    for start in range(0, end, max_data):
+        piece = view[start : min(end, start + max_data)]
+        parts.append(b"%04x\x01" % (len(piece) + 5))
+        parts.append(piece)
+    return parts, end
+
+
+def split_band_packets(buf: bytes | memoryview) -> tuple[list[memoryview], list[int], int]:
+    """The complete side-band packets at the start of ``buf``: their payloads (without the
+    band byte), their bands, and how many bytes of ``buf`` they took; an incomplete packet
+    at the end is left for the caller to read whole. ValueError on anything that is not a
+    side-band data packet (a flush, a bad length, no band byte): ``buf`` is expected to
+    hold what :func:`frame_data_packets` wrote."""
+    view = memoryview(buf)
+    payloads: list[memoryview] = []
+    bands: list[int] = []
+    pos, size = 0, len(view)
+    while size - pos >= 4:
+        head = bytes(view[pos : pos + 4])
+        if head.translate(None, b"0123456789abcdefABCDEF"):
+            raise ValueError(f"not a pkt-line length at {pos}: {head!r}")
+        length = int(head, 16)
+        if length < 5 or length > MAX_PKT_LEN:
+            raise ValueError(f"not a side-band packet at {pos} (length {length})")
+        if size - pos < length:
+            break
+        bands.append(view[pos + 4])
+        payloads.append(view[pos + 5 : pos + length])
+        pos += length
+    return payloads, bands, pos
 
 
 def encode_band(band: int, data: bytes | memoryview, max_data: int) -> bytes:

@@ -6,10 +6,12 @@ A key's files in the shared directory:
 - ``KEY.lock``: the producer holds an exclusive ``flock`` on it while it writes. It is never
   removed while the directory lives: a lock file unlinked and made again would let two
   processes hold "the" lock on two inodes at once.
-- ``KEY.part``: the pack being written (read by the producer's own readers, in its process).
+- ``KEY.part``: the pack being written, framed as side-band-64k packets (packcache.py; read
+  by the producer's own readers, in its process).
 - ``KEY.meta`` then ``KEY.pack``: written once complete, in this order and each atomically
-  (``rename``), so a ``KEY.pack`` always has its ``KEY.meta``: its size, object count and
-  the progress lines with their offsets, which every reader interleaves as its own.
+  (``rename``), so a ``KEY.pack`` always has its ``KEY.meta``: the file's size, the pack's
+  own, the object count and the progress lines with their file offsets, which every
+  reader interleaves as its own.
 
 A worker that misses in its own index *claims* the key: a complete pack is adopted (a hit);
 an exclusive lock taken makes it the producer; a lock held elsewhere makes it wait (with

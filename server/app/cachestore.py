@@ -57,8 +57,9 @@ class CacheEntry:
     path: str
     repo: str
     created: float
-    size: int = 0  # bytes written, visible to readers
-    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, line)
+    size: int = 0  # bytes written (side-band-64k packets), visible to readers
+    pack_size: int = 0  # the pack's own bytes, once done
+    progress: list[tuple[int, bytes]] = field(default_factory=list)  # (file offset, line)
     objects: int = 0
     done: bool = False
     failed: str | None = None  # the in-band error text every reader ends with
@@ -69,30 +70,57 @@ class CacheEntry:
     listed: bool = True  # still in the index (else: unlinked, read by those who opened it)
     lock: int = -1  # a shared directory's producer: its flock until published (cacheshare.py)
     owned: bool = True  # False: adopted from another worker, whose file and bytes it is
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # readers waiting for a change: (the size that wakes them, 0 for any change, future)
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
-    def wake(self) -> None:
-        waiters, self.waiters = self.waiters, []
-        for fut in waiters:
+    def wake(self, grown_only: bool = False) -> None:
+        """Wake the readers waiting for a change. ``grown_only``: the producer only wrote
+        bytes; a reader waiting for more than there are now sleeps on."""
+        if grown_only:
+            size = self.size
+            waiters = [w for w in self.waiters if w[0] <= size]
+            self.waiters = [w for w in self.waiters if w[0] > size]
+        else:
+            waiters, self.waiters = self.waiters, []
+        for _, fut in waiters:
             if not fut.done():
                 fut.set_result(None)
 
-    async def changed(self, timeout: float) -> bool:
-        """Wait until the producer writes, ends or fails; False after ``timeout``."""
+    async def changed(self, timeout: float, until: int = 0) -> bool:
+        """Wait until the producer writes (``until`` bytes in all, when given), ends or
+        fails; False after ``timeout``."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(fut)
+        self.waiters.append((until, fut))
         try:
             await asyncio.wait_for(fut, timeout if timeout > 0 else None)
             return True
         except TimeoutError:
             return False
 
+    async def grown(self, since: int, want: int, timeout: float) -> bool:
+        """Wait until ``want`` bytes more than ``since`` are written, or the producer
+        ends or fails or decides something (progress, a whole pack); False after
+        ``timeout`` in all. A reader following the producer sends a region per ``want``
+        bytes, not per producer step (each region costs its writes and a wake-up)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout > 0 else None
+        shown = len(self.progress)
+        while self.size < since + want and not self.done and self.failed is None \
+                and self.verbatim is None and len(self.progress) == shown:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0 \
+                    or not await self.changed(left or 0.0, since + want):
+                return False
+        return True
+
 
 @dataclass
 class PackCacheStats:
     lookups: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("hit", "miss", "joined", "bypass"), 0))
-    served_bytes: int = 0  # bytes read from cache files and sent (every reader)
+    # bytes of cache files sent (every reader), by sendfile or through Python (cacheread.py)
+    served_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("sendfile", "python"), 0))
     generated_bytes: int = 0  # bytes producers wrote
     evictions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("size", "ttl", "failed"), 0))
@@ -153,6 +181,15 @@ class CacheStore:
         self.stats.lookups["joined" if result == "remote" else result] += 1
         return entry, result
 
+    def find(self, key: bytes) -> CacheEntry | None:
+        """The entry of ``key`` in this process's index (complete or being written), if
+        any, as the most recently used; nothing created, nothing counted."""
+        self._expire(time.monotonic())
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
     def _claim(self, key: bytes, repo: str, now: float) -> tuple[CacheEntry | None, str]:
         """A shared directory's lookup past our own index (cacheshare.py): ``hit`` (a
         pack another worker completed), ``miss`` (ours to produce) or ``remote`` (another
@@ -178,6 +215,7 @@ class CacheStore:
         progress = meta.get("progress")
         entry = CacheEntry(key, cacheshare.pack_path(self.directory, key), repo, now,
                            size=int(str(meta["size"])), objects=int(str(meta["objects"])),
+                           pack_size=int(str(meta.get("pack_size", 0))),
                            progress=[(int(o), bytes.fromhex(t)) for o, t in
                                      (progress if isinstance(progress, list) else [])],
                            done=True, completed=now, owned=False)
@@ -194,6 +232,7 @@ class CacheStore:
             if entry.verbatim is None and entry.listed and entry.done:
                 entry.path = cacheshare.publish(self.directory, entry.key, entry.path, {
                     "size": entry.size, "objects": entry.objects, "pid": os.getpid(),
+                    "pack_size": entry.pack_size,
                     "progress": [[o, t.hex()] for o, t in entry.progress]})
         except OSError as exc:
             log.warning("pack cache: cannot publish %s: %s", entry.path, exc)

@@ -17,9 +17,10 @@ log under another request's id or inject text into it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import re
-import uuid
 from collections.abc import Iterable
 
 __all__ = ["Forwarding", "new_request_id", "REQUEST_ID_HEADER"]
@@ -32,9 +33,10 @@ _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def new_request_id() -> str:
     """16 hex digits, fresh."""
-    return uuid.uuid4().hex[:16]
+    return os.urandom(8).hex()
 
 
+@functools.lru_cache(maxsize=1024)  # a peer asks many times: parsed once
 def _address(text: str) -> _Address | None:
     """An address as a hop or a peer may carry it (``[v6]``, ``v4:port``), or None."""
     text = text.strip()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
@@ -30,6 +31,8 @@ from .httpreq import (
     UPLOAD_PACK,
     BodyTooLarge,
     HttpError,
+    ServiceDisabled,
+    body_arrived,
     check_declared_length,
     protocol_version,
     read_body,
@@ -221,6 +224,11 @@ async def _dispatch(state: ServerState, request: web.Request,
             resp.headers["Allow"] = "POST" if action == UPLOAD_PACK else "GET, HEAD"
             return resp
         return text_response(404, "not found")
+    except ServiceDisabled as exc:
+        # Empty, as git-http-backend's (its message goes to the server's log): git's
+        # t5561.14 compares the access log's byte counts.
+        log.info("refusing /%s: %s", repo_path, exc)
+        return web.Response(status=403, headers=NO_CACHE)
     except Exception as exc:  # before the 200: the one mapping (errors.py) decides
         challenge = state.access.challenge if state.access is not None else None
         answer = answer_for(exc, repo_path, challenge=challenge, faults=state.registry.faults)
@@ -264,14 +272,13 @@ async def _info_refs(state: ServerState, request: web.Request, scope: RequestSco
                              "(service=git-upload-pack)")
     rec.service = UPLOAD_PACK
     state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
-    refusal = await _service_refusal(state, scope)
-    if refusal is not None:
-        return refusal
     version = protocol_version(request)
     rec.protocol = str(version)
+    check = _service_check(state, scope)
     if request.method == "HEAD":
+        await scope.run(check)
         return web.Response(status=200, headers={**NO_CACHE, "Content-Type": ADVERTISEMENT})
-    return await advertise(state, scope, request, version)
+    return await advertise(state, scope, request, version, check)  # checked first
 
 
 async def _upload_pack(state: ServerState, request: web.Request, scope: RequestScope,
@@ -285,16 +292,18 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
     state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
-    refusal = await _service_refusal(state, scope)
-    if refusal is not None:
-        return refusal
+    check: Callable[[], None] | None = _service_check(state, scope)
+    if not body_arrived(request):  # refused before its body is waited for
+        await scope.run(_service_check(state, scope))
+        check = None
+    # else the body is here already: checked in the request's first pool step (upload.py)
     charge = state.admission.charge() if state.admission is not None else None
     try:
         # The parsers count pkt-lines as they decode them (413 past MAX_REQUEST_PKTS).
         body = await read_body(request, state.budgets.bodies,
                                lambda fn, *args: state.run_bounded(scope, fn, *args),
                                charge.take if charge is not None else None)
-        return await serve_post(state, scope, request, body, version)
+        return await serve_post(state, scope, request, body, version, check)
     finally:
         if charge is not None:
             charge.release()
@@ -327,22 +336,19 @@ async def _authorize(state: ServerState, request: web.Request, scope: RequestSco
                   else repo_name(repo.gitdir, state.resolver.root), user)
 
 
-async def _service_refusal(state: ServerState, scope: RequestScope) -> web.Response | None:
-    """git-http-backend's switches, checked before anything is read or answered: without
+def _service_check(state: ServerState, scope: RequestScope) -> Callable[[], None]:
+    """git-http-backend's switches, checked before anything is answered (blocking: in the
+    pool, as the first thing the request's first pool step does): without
     git-daemon-export-ok under --require-export-ok the repository is not there (404, as
-    for a missing one), and http.uploadpack=false refuses the service (403)."""
+    for a missing one), and http.uploadpack=false refuses the service
+    (:class:`ServiceDisabled`: 403)."""
     view = scope.view
     assert view is not None
 
-    def check() -> str | None:
+    def check() -> None:
         if state.cfg.require_export_ok and not view.exported():
             raise RepoNotFound(view.repo.url_path)
-        return None if view.config.http_upload_pack else "Service not enabled: 'upload-pack'"
+        if not view.config.http_upload_pack:
+            raise ServiceDisabled("Service not enabled: 'upload-pack'")
 
-    refusal = await scope.run(check)
-    if refusal is None:
-        return None
-    # Empty, as git-http-backend's (its message goes to the server's log): git's t5561.14
-    # compares the access log's byte counts.
-    log.info("refusing %s: %s", view.repo.url_path, refusal)
-    return web.Response(status=403, headers=NO_CACHE)
+    return check

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -44,6 +45,7 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
                     30, 60, 120, 300, 600, 1200)
 WRITE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 HAVES_BUCKETS = (0, 1, 8, 32, 128, 256, 1024, 4096, 16384, 65536)
+SERIES_KEPT = 512  # label values whose series observe() keeps at hand (a few dozen occur)
 
 
 @dataclass
@@ -317,6 +319,8 @@ class Metrics:
         self.writes = Histogram("gitspout_response_write_calls",
                                 "Transport writes per response.", ["command"],
                                 buckets=WRITE_BUCKETS, registry=r)
+        self._series: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._phases: dict[str, Any] = {}  # phase names: a fixed set, in the code
         self.fs_ops = Counter("gitspout_fs_operations",
                               "Filesystem operations by the ref and object layers.", ["kind"],
                               registry=r)
@@ -349,16 +353,35 @@ class Metrics:
     def scrape(self) -> bytes:
         return generate_latest(self.registry)
 
+    def _children(self, rec: RequestRecord) -> tuple[Any, Any, Any, Any]:
+        """The labelled series one request counts in, found once per label values (a
+        ``labels()`` lookup takes a lock and validates its values: four per request)."""
+        key = (rec.service, rec.protocol, rec.command, rec.status)
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= SERIES_KEPT:
+                self._series.clear()
+            found = self._series[key] = (
+                self.requests.labels(rec.service, rec.protocol, rec.command, str(rec.status)),
+                self.duration.labels(rec.service, rec.command),
+                self.response_bytes.labels(rec.service, rec.protocol, rec.command),
+                self.writes.labels(rec.command))
+        return found
+
     def observe(self, rec: RequestRecord) -> None:
         """Account one finished request."""
         duration = time.monotonic() - rec.started
-        self.requests.labels(rec.service, rec.protocol, rec.command, str(rec.status)).inc()
-        self.duration.labels(rec.service, rec.command).observe(duration)
-        self.response_bytes.labels(rec.service, rec.protocol, rec.command).inc(rec.bytes)
+        requests, durations, response_bytes, writes = self._children(rec)
+        requests.inc()
+        durations.observe(duration)
+        response_bytes.inc(rec.bytes)
         if rec.writes:
-            self.writes.labels(rec.command).observe(rec.writes)
+            writes.observe(rec.writes)
         for phase, seconds in rec.phases.items():
-            self.phase.labels(phase).observe(seconds)
+            child = self._phases.get(phase)
+            if child is None:
+                child = self._phases[phase] = self.phase.labels(phase)
+            child.observe(seconds)
         for kind, n in rec.fs.items():
             if kind == "rescan":
                 self.rescans.inc(n)

@@ -5,10 +5,17 @@ A fetch whose pack is decided (``core/fetch.py`` ``plan_fetch``) comes as a
 :class:`~..packgen.stream.PackStream`, whose key is what the pack's bytes are a function
 of. The first request for a key *produces*: a task, not tied to any client, pulls the
 stream in the pool and appends its bytes to a file in the cache directory
-(``cachestore.py``). Every request for that key, the first one included, is a *reader*:
-it reads the file from its own descriptor, at its own pace, up to what the producer has
-written, and frames the bytes for its own side-band (or none), progress (or no-progress)
-and keepalives. A slow reader holds back nobody; memory stays one chunk per reader.
+(``cachestore.py``), framed already as side-band-64k band-1 pkt-lines, the framing of
+nearly every client (every v2 fetch). Every request for that key, the first one
+included, is a *reader*: it reads the file from its own descriptor, at its own pace, up
+to what the producer has written (``cacheread.py``): by ``sendfile``, the file's bytes as
+they are with its own progress (or no-progress) and keepalives between regions, or
+unframed and framed again for a client of another side-band (or none). A slow reader
+holds back nobody; memory stays one chunk per reader (none by sendfile).
+
+An identical request (the same body, repository, namespace, user and protocol, under the
+same repository state) finds its entry without being parsed or planned again
+(``samefetch.py``).
 
 A large pack sent whole as it is on disk (verbatim reuse, ``WholePackSource``, over an eighth
 of the cap) is not copied: the pack file already is the cached answer. Its producer only
@@ -28,7 +35,7 @@ cap (least recently used first) or a new key (a push, a repack) makes them go.
 
 Everything but the pool steps of the producer runs on the event loop, so the store, the
 byte counts and the entries need no lock. Reading the cache file happens on the loop too:
-it is local disk written moments ago (page cache), and a pool round trip per 64 KiB for
+it is local disk written moments ago (page cache), and a pool round trip per region for
 32 readers would queue other repositories' work behind a storm (the fairness target).
 """
 
@@ -38,17 +45,22 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+from gitspout.protocol.sideband import frame_data_packets
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..packgen import PackStats, PackStream, Progress
 from ..store.faults import FaultCounts
+from .cacheread import WHOLE, FilePayloads, read_entry, send_complete
 from .cacheshare import wait_for_producer
 from .cachestore import WRITE_COOLDOWN, CacheEntry, CacheStore, CacheWriteError, PackCacheLimits
 from .errors import answer_for
+from .metrics import RequestRecord
+from .samefetch import SameFetches
 from .scope import HeldExecutor
 from .stream import PULL_END, PktWriter, pull_items, pump_pack
 
@@ -56,17 +68,12 @@ __all__ = ["PackCache", "PackCacheCollector", "SentPack"]
 
 log = logging.getLogger("gitspout")
 
-READ_CHUNK = 64 * 1024  # one read per reader step; about one side-band-64k packet
-# A reader whose client keeps taking data never waits in ``write``: without a yield, one
-# reader would send megabytes (a loopback socket buffer) while every other request waits.
-YIELD_EVERY = 256 * 1024
 # A whole pack on disk larger than this, asked for by one client alone for the first time, is
 # sent from the pack, not copied: the pack file already is the answer, and writing dulwich's
 # 27 MB pack into the cache cost its cold clone about 30 ms of 300. Several clients, or the
 # same key again, share a copy: a reader of a local file costs less than pool round trips
 # (docs/ARCHITECTURE.md, "Pack cache").
 WHOLE_COPY_MAX = 4 << 20
-WHOLE = -1  # what _read returns for an entry naming a pack to send whole
 
 
 @dataclass
@@ -92,6 +99,7 @@ class PackCache:
     def __init__(self, limits: PackCacheLimits, faults: FaultCounts | None = None) -> None:
         self.store = CacheStore(limits)
         self.faults = faults  # storage faults met by producers are counted there
+        self.same: SameFetches | None = None  # identical requests' answers (samefetch.py)
         self.producers: set[asyncio.Task[None]] = set()  # referenced until they end
 
     def close(self) -> None:
@@ -99,11 +107,14 @@ class PackCache:
         self.store.close()
 
     async def send(self, stream: PackStream, repo: str, writer: PktWriter,
-                   executor: HeldExecutor, keepalive: float, no_progress: bool) -> SentPack:
+                   executor: HeldExecutor, keepalive: float, no_progress: bool,
+                   key: bytes | None = None) -> SentPack:
         """Send the pack of ``stream`` (a fetch of ``repo``) through the cache, or straight
-        from the stream when it is not to be cached."""
+        from the stream when it is not to be cached. ``key``: the stream's, when the
+        caller has it (``PackStream.key`` in the pool otherwise)."""
         loop = asyncio.get_running_loop()
-        key = await loop.run_in_executor(executor, stream.key)
+        if key is None:
+            key = await loop.run_in_executor(executor, stream.key)
         store = self.store
         entry, result = store.lookup(key, repo)
         if result == "remote":  # another worker produces it (cacheshare.py)
@@ -129,43 +140,107 @@ class PackCache:
             task = loop.create_task(self._produce(entry, stream, executor))
             self.producers.add(task)
             task.add_done_callback(self.producers.discard)
-        sent = await self._read_entry(entry, result, fd, writer, executor, stream, keepalive,
-                                      no_progress)
+
+        async def same_stream() -> PackStream:
+            return stream
+
+        sent = await self._read_entry(entry, result, fd, writer, executor, same_stream,
+                                      keepalive, no_progress,
+                                      stream if result == "miss" else None)
+        sent.cache = result
+        return sent
+
+    def open_found(self, key: bytes) -> tuple[CacheEntry, int, str] | None:
+        """For an identical request (samefetch.py): the entry of ``key`` in this process's
+        index, complete or being written, with a reader's descriptor on its file, and
+        ``hit`` or ``joined``; None when there is nothing to read (never cached here,
+        evicted, failed, or naming a pack to send whole). Counted as a lookup only when
+        found. (An entry whose producer has not decided yet may still turn out to name a
+        whole pack: its reader then plans its own stream, as ``send_found`` says.)"""
+        entry = self.store.find(key)
+        if entry is None or entry.verbatim is not None or entry.failed is not None:
+            return None
+        try:
+            fd = self.store.open_reader(entry)
+        except OSError:
+            return None  # its file is gone: the full path finds out and says so
+        result = "hit" if entry.done else "joined"
+        self.store.stats.lookups[result] += 1
+        return entry, fd, result
+
+    def close_found(self, found: tuple[CacheEntry, int, str]) -> None:
+        """An entry :meth:`open_found` gave that will not be read after all."""
+        entry, fd, _ = found
+        os.close(fd)
+        entry.readers -= 1
+        if entry.readers == 0 and not entry.done:
+            entry.wake()
+
+    async def send_complete(self, found: tuple[CacheEntry, int, str], request: web.BaseRequest,
+                            record: RequestRecord, head: bytes, after: bytes, no_progress: bool,
+                            start: Callable[[int], Awaitable[web.StreamResponse]],
+                            ) -> tuple[web.StreamResponse, SentPack]:
+        """Send a complete entry :meth:`open_found` gave, as the whole response, of known
+        length (cacheread.py ``send_complete``)."""
+        entry, fd, result = found
+        resp = await send_complete(entry, fd, request, record, head, after, no_progress,
+                                   self.store.stats, start)
+        sent = SentPack(PackStats(kind=f"cache-{result}", objects=entry.objects,
+                                  size=entry.pack_size), cache=result)
+        return resp, sent
+
+    async def send_found(self, found: tuple[CacheEntry, int, str], writer: PktWriter,
+                         executor: HeldExecutor, stream_of: Callable[[], Awaitable[PackStream]],
+                         keepalive: float, no_progress: bool) -> SentPack:
+        """Send an entry :meth:`open_found` gave. ``stream_of`` makes this request's
+        stream, should the rest have to be generated after all (the producer could not
+        write the file)."""
+        entry, fd, result = found
+        sent = await self._read_entry(entry, result, fd, writer, executor, stream_of,
+                                      keepalive, no_progress)
         sent.cache = result
         return sent
 
     async def _read_entry(self, entry: CacheEntry, result: str, fd: int, writer: PktWriter,
-                          executor: HeldExecutor, stream: PackStream, keepalive: float,
-                          no_progress: bool) -> SentPack:
+                          executor: HeldExecutor,
+                          stream_of: Callable[[], Awaitable[PackStream]], keepalive: float,
+                          no_progress: bool, produced: PackStream | None = None) -> SentPack:
         """Send ``entry`` (``result`` of its lookup: being produced, or complete) from its
-        file ``fd``."""
-        sent = await self._read(entry, fd, writer, keepalive, no_progress)
+        file ``fd`` (cacheread.py). ``produced``: the stream this request's producer
+        pulls, whose measures are this request's."""
+        sent = await read_entry(entry, fd, writer, keepalive, no_progress, self.store.stats)
         if sent == WHOLE:
             # The entry names a pack sent whole: send it from this request's own lease of
             # it (the key holds the pack set, so this request froze the same pack).
-            whole = stream.again(whole=entry.verbatim)
+            whole = (await stream_of()).again(whole=entry.verbatim)
             return await _pump(writer, executor, whole, keepalive, no_progress, whole)
-        if sent is not None:  # _read left fd open: _After closes it
-            again = stream.again()
+        if sent is not None:  # read_entry left fd open: _After closes it
+            try:
+                again = (await stream_of()).again()
+            except BaseException:
+                os.close(fd)
+                raise
             return await _pump(writer, executor, _After(fd, sent, again), keepalive,
                                no_progress, again)
-        if result == "miss":
-            return SentPack(stream.stats, stream.phases)
-        return SentPack(PackStats(kind=f"cache-{result}", objects=entry.objects, size=entry.size))
+        if produced is not None:
+            return SentPack(produced.stats, produced.phases)
+        return SentPack(PackStats(kind=f"cache-{result}", objects=entry.objects,
+                                  size=entry.pack_size))
 
     # -- producing ---------------------------------------------------------------
 
     async def _produce(self, entry: CacheEntry, stream: PackStream,
                        executor: HeldExecutor) -> None:
         """Decide the pack source in the pool; a whole pack on disk only marks the entry
-        (see the module doc). Otherwise pull the stream in the pool and append its bytes
-        to the entry's file, as fast as it goes, until it ends, fails, or nobody reads any
-        more."""
+        (see the module doc). Otherwise pull the stream in the pool and append its bytes,
+        framed (:class:`_Framer`), to the entry's file, as fast as it goes, until it ends,
+        fails, or nobody reads any more."""
         loop = asyncio.get_running_loop()
         store = self.store
         executor.hold()  # the packs it reads stay leased even once the first client is gone
         fd = -1
         step: asyncio.Future[Any] | None = None
+        framer = _Framer()
         try:
             fd = os.open(entry.path, os.O_WRONLY | os.O_APPEND)
             await loop.run_in_executor(executor, stream.decide)
@@ -181,18 +256,20 @@ class PackCache:
                         store.drop(entry, None)  # the next request decides again
                     return
             while entry.readers and not entry.done:
-                step = loop.run_in_executor(executor, _produce_step, stream, fd)
+                step = loop.run_in_executor(executor, _produce_step, stream, fd, framer)
+                shown = len(entry.progress)
                 for item in await step:
                     if item is PULL_END:
                         entry.done = True
                         entry.completed = time.monotonic()
                         entry.objects = stream.stats.objects
+                        entry.pack_size = framer.pack_bytes
                         store.completed(entry)  # published for the other workers
                     elif isinstance(item, Progress):
                         entry.progress.append((entry.size, item.text))
                     else:
                         store.grew(entry, item)
-                entry.wake()
+                entry.wake(grown_only=not entry.done and len(entry.progress) == shown)
         except Exception as exc:  # every reader ends with it (or goes on without the cache)
             self._failed(entry, exc)
         finally:
@@ -215,54 +292,6 @@ class PackCache:
             entry.failed = "pack cache write failed"
         else:  # in-band, as errors.py words it
             entry.failed = answer_for(exc, entry.repo, started=True, faults=self.faults).text
-
-    # -- reading -----------------------------------------------------------------
-
-    async def _read(self, entry: CacheEntry, fd: int, writer: PktWriter, keepalive: float,
-                    no_progress: bool) -> int | None:
-        """Send the entry to one client as it grows, framed for that client. Returns None
-        when it is sent (or failed, in-band), :data:`WHOLE` when the entry turned out to
-        name a pack to send whole (nothing was sent here), or the number of pack bytes
-        sent when the producer could not write the file: the caller goes on (_After) and
-        then owns ``fd``, which is closed here in every other case."""
-        pos = shown = since_yield = 0
-        resume = False
-        try:
-            while True:
-                if entry.verbatim is not None:
-                    return WHOLE
-                while shown < len(entry.progress) and entry.progress[shown][0] <= pos:
-                    if not no_progress:
-                        await writer.progress(entry.progress[shown][1])
-                        await writer.drain()
-                    shown += 1
-                if pos < entry.size:
-                    data = os.pread(fd, min(READ_CHUNK, entry.size - pos), pos)
-                    if not data:
-                        raise OSError(f"pack cache file {entry.path} shrank")
-                    pos += len(data)
-                    self.store.stats.served_bytes += len(data)
-                    await writer.pack_data(data)
-                    since_yield += len(data)
-                    if since_yield >= YIELD_EVERY:
-                        since_yield = 0
-                        await asyncio.sleep(0)
-                elif entry.failed is not None and entry.resumable:
-                    resume = True
-                    return pos
-                elif entry.failed is not None:
-                    await writer.error(entry.failed, in_band=True)
-                    return None
-                elif entry.done and shown == len(entry.progress):
-                    return None
-                elif not entry.done and not await entry.changed(keepalive):
-                    await writer.keepalive()
-        finally:
-            if not resume:
-                os.close(fd)
-            entry.readers -= 1
-            if entry.readers == 0 and not entry.done:
-                entry.wake()  # the producer notices at its next step and stops
 
 
 def _release_when_done(step: asyncio.Future[Any] | None, it: PackStream, fd: int,
@@ -287,22 +316,59 @@ def _release_when_done(step: asyncio.Future[Any] | None, it: PackStream, fd: int
         step.add_done_callback(after)
 
 
-def _produce_step(it: Iterator[Any], fd: int) -> list[object]:
+class _Framer:
+    """The producer's pack bytes as side-band-64k band-1 pkt-lines (what cache files hold:
+    cacheread.py sends them as they are). Every packet is full but the last: bytes short
+    of a packet wait for the next step (a reader following the producer is at most one
+    packet behind it), and the end writes them. Used by one pool step at a time."""
+
+    def __init__(self) -> None:
+        self.carry = b""
+        self.pack_bytes = 0  # pack bytes written (unframed)
+
+    def write(self, fd: int, pieces: list[bytes], final: bool) -> int:
+        """Frame ``pieces`` after what was carried and append the whole packets to ``fd``
+        (all of it when ``final``); the bytes written. CacheWriteError when it cannot."""
+        data = b"".join([self.carry, *pieces]) if pieces else self.carry
+        parts, used = frame_data_packets(data, final)
+        self.carry = data[used:]
+        self.pack_bytes += used
+        written = 0
+        try:
+            for at in range(0, len(parts), IOV_PARTS):
+                group = parts[at:at + IOV_PARTS]
+                want = sum(map(len, group))
+                done = os.writev(fd, group)
+                while done < want:  # a short write to a file: the rest, byte-exact
+                    rest = memoryview(b"".join(group))[done:]
+                    done += os.write(fd, rest)
+                written += want
+        except OSError as exc:
+            raise CacheWriteError(exc.strerror or str(exc)) from exc
+        return written
+
+
+IOV_PARTS = 512  # parts per writev (IOV_MAX is 1024 on Linux)
+
+
+def _produce_step(it: Iterator[Any], fd: int, framer: _Framer) -> list[object]:
     """In the pool: the next items (as :func:`~.stream.pull_items` pulls them, one pool
-    round trip per 256 KiB), pack bytes appended to the file and given as their count,
-    progress lines as they are, ``PULL_END`` last at the end."""
+    round trip per 256 KiB), pack bytes framed and appended to the file and given as the
+    count of file bytes written, progress lines as they are, ``PULL_END`` last at the end
+    (after the last packet)."""
     out: list[object] = []
+    pieces: list[bytes] = []
     for item in pull_items(it):
         if isinstance(item, bytes | bytearray | memoryview):
-            view = memoryview(item)
-            try:
-                while view:
-                    view = view[os.write(fd, view):]
-            except OSError as exc:
-                raise CacheWriteError(exc.strerror or str(exc)) from exc
-            out.append(len(item))
-        else:
-            out.append(item)
+            pieces.append(bytes(item) if not isinstance(item, bytes) else item)
+            continue
+        final = item is PULL_END
+        if pieces or final:
+            out.append(framer.write(fd, pieces, final))
+            pieces = []
+        out.append(item)
+    if pieces:
+        out.append(framer.write(fd, pieces, False))
     return out
 
 
@@ -322,6 +388,7 @@ class _After:
     def __init__(self, fd: int, skip: int, stream: PackStream) -> None:
         self.fd, self.skip, self.seen = fd, skip, 0
         self.it = stream
+        self.sent = FilePayloads(fd)  # the file's pack bytes, unframed, in order
 
     def __iter__(self) -> _After:
         return self
@@ -341,7 +408,7 @@ class _After:
             if not isinstance(item, bytes | bytearray | memoryview):
                 continue  # progress already shown
             take = min(len(item), self.skip - self.seen)
-            if os.pread(self.fd, take, self.seen) != bytes(item[:take]):
+            if self.sent.read(take) != bytes(item[:take]):
                 raise PackDiverged("a regenerated pack differs from the bytes already sent")
             self.seen += take
             if take < len(item):
@@ -354,7 +421,6 @@ class _After:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
-
 
 
 class PackCacheCollector:
@@ -374,12 +440,26 @@ class PackCacheCollector:
         for result, n in st.lookups.items():
             lookups.add_metric([result], n)
         yield lookups
-        yield CounterMetricFamily("gitspout_pack_cache_served_bytes",
-                                  "Pack bytes read from cache files and sent.",
-                                  value=st.served_bytes)
+        served = CounterMetricFamily(
+            "gitspout_pack_cache_served_bytes", "Bytes of cache files sent (pack data framed "
+            "as side-band-64k): by sendfile, or read and framed again in Python (another "
+            "side-band, none, or no socket).", labels=["path"])
+        for path, n in st.served_bytes.items():
+            served.add_metric([path], n)
+        yield served
         yield CounterMetricFamily("gitspout_pack_cache_generated_bytes",
-                                  "Pack bytes producers wrote to the cache.",
-                                  value=st.generated_bytes)
+                                  "Bytes producers wrote to cache files (pack data framed "
+                                  "as side-band-64k).", value=st.generated_bytes)
+        same = self.cache.same
+        if same is not None:
+            results = CounterMetricFamily(
+                "gitspout_pack_cache_same_requests", "Fetches whose body, repository, "
+                "namespace, user and protocol were seen before: hit (answered without "
+                "parsing or planning), stale (the repository changed since: planned again), "
+                "miss (not seen, or its pack no longer cached).", labels=["result"])
+            for result, n in same.results.items():
+                results.add_metric([result], n)
+            yield results
         evictions = CounterMetricFamily(
             "gitspout_pack_cache_evictions", "Entries removed: size (over the cap), ttl, "
             "failed (the producer failed or was abandoned).", labels=["reason"])

@@ -33,6 +33,7 @@ from .metrics import ClosureStoreCollector, Metrics, RequestRecord
 from .namespaces import NamespaceMap
 from .packcache import PackCache, PackCacheCollector
 from .pool import WorkPool
+from .samefetch import SameFetches
 from .scope import RequestScope
 from .workerstats import WorkerStats
 
@@ -113,6 +114,8 @@ class ServerState:
             state.metrics.registry.register(GateCollector(state.gate))
         if budgets.pack_cache.size > 0:
             state.pack_cache = PackCache(budgets.pack_cache, registry.faults)
+            if cfg.cross_request_cache:  # its staleness checks are those caches' own
+                state.pack_cache.same = SameFetches(memory)
             state.metrics.registry.register(PackCacheCollector(state.pack_cache))
         state.admission = Admission(budgets.admission, state.metrics.registry)
         state.metrics.registry.register(HeapTrimCollector(state.trimmer))

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from gitspout.protocol.fetch_request import Sideband
 from gitspout.protocol.fetch_response import Mark
-from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer
+from gitspout.protocol.pktline import DELIM_PKT, FLUSH_PKT, PktBuffer, encode_pkt
 from gitspout.protocol.sideband import (
     BAND_DATA,
     BAND_PROGRESS,
@@ -30,7 +30,7 @@ from gitspout.protocol.sideband import (
 from ..packgen import Progress
 from .metrics import RequestRecord
 
-__all__ = ["PktWriter", "pump_pack", "pull_items", "cap_output", "PULL_END"]
+__all__ = ["PktWriter", "pump_pack", "pull_items", "cap_output", "frame_items", "PULL_END"]
 
 PULL_END = object()  # what pull_items ends with when the iterator is exhausted
 # PktWriter.chunks lets other tasks run after this many bytes: a socket that keeps taking
@@ -45,7 +45,9 @@ WRITE_SLICE = 64 << 10
 
 
 class PktWriter:
-    """Buffers pkt-lines into chunks of at least 32 KiB before writing them."""
+    """Buffers pkt-lines into chunks of at least 32 KiB before writing them. ``request``
+    (the response's) lets a pack-cache reader send file regions into its socket
+    (cacheread.py)."""
 
     def __init__(
         self,
@@ -54,8 +56,10 @@ class PktWriter:
         sideband_all: bool = False,
         chunk_size: int = 32 * 1024,
         record: RequestRecord | None = None,
+        request: web.BaseRequest | None = None,
     ) -> None:
         self.response = response
+        self.request = request
         self.record = record
         self.sideband = sideband
         self.sideband_all = sideband_all
@@ -95,6 +99,23 @@ class PktWriter:
             if since_yield >= YIELD_EVERY:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    async def end_with(self, chunks: list[bytes]) -> None:
+        """Already-framed chunks, then the end of the response: the last chunk goes with
+        the end, so that a small answer is one write (headers, body and the end of a
+        chunked body together)."""
+        await self.chunks(chunks[:-1])
+        last = chunks[-1] if chunks else b""
+        if self.record is not None and last:
+            self.record.writes += 1
+            self.record.bytes += len(last)
+        await self.response.write_eof(last)
+
+    async def framed(self, data: bytes) -> None:
+        """Bytes framed already (side-band packets as this client wants them), written
+        after what is buffered."""
+        await self.drain()
+        await self._send(data)
 
     async def flush_pkt(self) -> None:
         await self._maybe(self.buf.add_raw(FLUSH_PKT))
@@ -153,6 +174,21 @@ class PktWriter:
         if self.sideband is not Sideband.NONE:
             await self._maybe(self.buf.add_raw(encode_keepalive()))
             await self.drain()
+
+
+def frame_items(items: Iterable[bytes | Mark], sideband_all: bool = False) -> bytes:
+    """What :meth:`PktWriter.items` writes for ``items``, as bytes."""
+    out: list[bytes] = []
+    for item in items:
+        if isinstance(item, bytes):
+            out.append(encode_pkt(band_payload(BAND_DATA, item) if sideband_all else item))
+        elif item is Mark.FLUSH:
+            out.append(FLUSH_PKT)
+        elif item is Mark.DELIM:
+            out.append(DELIM_PKT)
+        else:
+            raise ValueError(f"{item} where no pack can go")
+    return b"".join(out)
 
 
 def cap_output(transport: asyncio.BaseTransport | None, limit: int) -> None:

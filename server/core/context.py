@@ -22,7 +22,7 @@ from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
 from ..graph.commits import CommitSource
 from ..packgen import ObjectAccess, PackCaches
-from ..packgen.access import DEFAULT_COLD_WALK_ENTRIES
+from ..packgen.access import DEFAULT_COLD_WALK_ENTRIES, objects_where
 from ..store.bigobjects import ByteBudget
 from ..store.errors import StorageError
 from ..store.fscache import DirCache, Listing
@@ -196,6 +196,19 @@ class RequestContext:
             self.inflate = ByteBudget()
         return ObjectAccess(self.odb, self.src, self.pack_caches, self.inflate,
                             self.cold_walk_entries)
+
+    def fetch_state(self) -> tuple[object, ...] | None:
+        """What the answer to a fetch depends on besides the request itself, as one value
+        to compare (app/samefetch.py): the refs this request sees (their state, HEAD; a
+        namespace's view), the config (hideRefs, uploadpack.*: by value), the shallow
+        file's commits and the frozen pack set with the alternates'. Each is read once per
+        request, so after a fetch is planned this costs no more reads. None when the refs
+        came from a listing too recent to be trusted (a second change within its mtime
+        tick would go unseen: store/fscache.py), or without cross-request caches."""
+        snap = self.refs
+        if not snap.cacheable:
+            return None
+        return (snap.state, snap.head, self.config, self.grafts, objects_where(self.odb))
 
     def exported(self) -> bool:
         """The repository holds ``git-daemon-export-ok`` (git-http-backend serves only such

@@ -12,7 +12,7 @@ from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
 from .caches import PackCaches
 
-__all__ = ["ObjectAccess", "DEFAULT_COLD_WALK_ENTRIES"]
+__all__ = ["ObjectAccess", "DEFAULT_COLD_WALK_ENTRIES", "objects_where"]
 
 DEFAULT_COLD_WALK_ENTRIES = 16384  # --cold-walk-pack-entries (choose.py _cold_budget)
 
@@ -41,6 +41,11 @@ class ObjectAccess:
 
 def _packs(odb: ObjectSnapshot) -> list[PackFile]:
     return odb.packs + [p for alt in odb.alternates for p in _packs(alt)]
+
+
+def objects_where(odb: ObjectSnapshot) -> bytes:
+    """:meth:`ObjectAccess.where` of ``odb``, without the rest of an ObjectAccess."""
+    return _where(odb)
 
 
 def _where(odb: ObjectSnapshot) -> bytes:

@@ -129,6 +129,12 @@ def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float = 90) -> list[
     return out
 
 
+def framed(size: int) -> int:
+    """A cache file's size for a pack of ``size`` bytes: side-band-64k packets of 65515
+    bytes each, the last one shorter (server/app/packcache.py ``_Framer``)."""
+    return size + 5 * -(-size // 65515)
+
+
 def pack_of(clone: Path) -> bytes:
     (pack,) = (clone / "objects" / "pack").glob("pack-*.pack")
     return pack.read_bytes()
@@ -177,13 +183,14 @@ def test_identical_clones_share_one_generation(git: Git, cache_root: Path, cache
     assert seen["miss"] == 1 and seen["hit"] + seen["joined"] == n - 1, seen
     m = metrics(storm_server)
     size = len(pack_of(dests[0]))
-    assert m["gitspout_pack_cache_generated_bytes_total"] == size  # one generation
-    assert m["gitspout_pack_cache_served_bytes_total"] == n * size
+    assert m["gitspout_pack_cache_generated_bytes_total"] == framed(size)  # one generation
+    assert m['gitspout_pack_cache_served_bytes_total{path="sendfile"}'] == n * framed(size)
+    assert m['gitspout_pack_cache_served_bytes_total{path="python"}'] == 0
     # A later identical clone is a hit; the file is in the server's own subdirectory.
     assert wait_all(clone_procs(git, f"{storm_server.url}/{STORM}", [tmp_path / "late.git"]))[0][0] == 0
     assert lookups(storm_server)["hit"] >= 1
     (sub,) = cache_dir.glob("gitspout-packcache-*")
-    assert [f.stat().st_size for f in sub.iterdir()] == [size]
+    assert [f.stat().st_size for f in sub.iterdir()] == [framed(size)]
 
 
 def test_stalled_and_hung_up_readers(git: Git, cache_root: Path, storm_server: LiveServer,
@@ -478,9 +485,10 @@ def test_small_whole_pack_is_copied(git: Git, tmp_path: Path, cache_dir: Path) -
             assert pack_of(dest) == on_disk.read_bytes()
         assert lookups(srv) == {"hit": 1, "miss": 1, "joined": 0, "bypass": 0}
         m = metrics(srv)
-        assert m["gitspout_pack_cache_generated_bytes_total"] == on_disk.stat().st_size
+        size = framed(on_disk.stat().st_size)
+        assert m["gitspout_pack_cache_generated_bytes_total"] == size
         (sub,) = cache_dir.glob("gitspout-packcache-*")
-        assert [f.stat().st_size for f in sub.iterdir()] == [on_disk.stat().st_size]
+        assert [f.stat().st_size for f in sub.iterdir()] == [size]
     finally:
         srv.stop()
 
@@ -503,8 +511,8 @@ def test_lone_clone_of_a_medium_whole_pack_is_not_copied(git: Git, tmp_path: Pat
     (sub,) = cache_dir.glob("gitspout-packcache-*")
     expected = [
         ({"hit": 0, "miss": 1, "joined": 0, "bypass": 0}, 0, []),
-        ({"hit": 0, "miss": 2, "joined": 0, "bypass": 0}, size, [size]),
-        ({"hit": 1, "miss": 2, "joined": 0, "bypass": 0}, size, [size]),
+        ({"hit": 0, "miss": 2, "joined": 0, "bypass": 0}, framed(size), [framed(size)]),
+        ({"hit": 1, "miss": 2, "joined": 0, "bypass": 0}, framed(size), [framed(size)]),
     ]
     try:
         for i, (seen, generated, files) in enumerate(expected):
