@@ -13,7 +13,9 @@ computing its key: its pack-cache entry is read as it is (cacheread.py). The sam
 request arriving while the first is being planned waits for that plan. One pool step
 reads the state again (``fetch_state``: stats of the directories and files each request
 reads anyway, through the same caches: store/fscache.py, store/refs.py); a different state
-is ``stale``, and the request is planned as any other.
+is ``stale``, and the request is planned as any other. Loose objects are not part of the
+state, as they are not part of the pack-cache key: what a push adds comes with a ref
+update, which is.
 
 The key holds the user and the namespace, and the state the config (hideRefs) and the
 refs as this namespace sees them: an answer never crosses from one visibility to another.
@@ -128,15 +130,6 @@ class SameFetches:
         longer in the cache): dropped, counted."""
         self.answers.pop(key)
         self.results[result] += 1
-
-    async def fresh(self, scope: RequestScope, answer: SameAnswer) -> bool:
-        """Does the repository, as this request sees it, stand as it did when ``answer``
-        was planned? One pool step (the state is read after the request arrived: no older
-        than its own reads would be)."""
-        view = scope.view
-        assert view is not None
-        state = await scope.run(view.fetch_state)
-        return state is not None and state == answer.state
 
     def hit(self) -> None:
         self.results["hit"] += 1
