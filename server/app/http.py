@@ -198,6 +198,7 @@ async def _dispatch(state: ServerState, request: web.Request,
             await _authorize(state, request, scope, repo_path, rule_path)
             scope.record.command = "bundle"
             ctx = state.view(scope, await state.resolve(repo_path), namespace)
+            await scope.run(_service_check(state, scope))  # as the other routes
             resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
             scope.record.bytes = resp.content_length or 0
             return resp
@@ -207,6 +208,7 @@ async def _dispatch(state: ServerState, request: web.Request,
             await _authorize(state, request, scope, repo_path, rule_path)
             scope.record.command = "blob-pack"
             ctx = state.view(scope, await state.resolve(repo_path), namespace)
+            await scope.run(_service_check(state, scope))  # as the other routes
             resp = await serve_blob_pack(state.blob_packs, ctx, blob_pack, request, scope.run)
             scope.record.bytes = resp.content_length or 0
             return resp

@@ -261,3 +261,22 @@ def test_off_by_default(git: Git, bu_root: dict[str, object]) -> None:
         assert request(srv.port, "GET", f"/repo.git/gitspout-blobpack/{name}").status == 404
     finally:
         srv.stop()
+
+
+def test_route_honours_service_switches(git: Git, bu_root: dict[str, object],
+                                        bu_server: LiveServer) -> None:
+    """The blob-pack route answers to the same switches as the fetch that named it:
+    http.uploadpack=false refuses it (403, as info/refs), as git-http-backend would."""
+    repo = bu_root["repo"]
+    assert isinstance(repo, Path)
+    found, _ = _uris(bu_server, [git.out("rev-parse", "main", cwd=repo).strip()])
+    path = _path(bu_server, found[0])
+    assert request(bu_server.port, "GET", path).status == 200
+    git.run("config", "http.uploadpack", "false", cwd=repo)
+    try:
+        assert get_info_refs(bu_server.port, "repo.git", 2).status == 403
+        assert request(bu_server.port, "GET", path).status == 403
+        assert request(bu_server.port, "HEAD", path).status == 403
+    finally:
+        git.run("config", "--unset", "http.uploadpack", cwd=repo)
+    assert request(bu_server.port, "GET", path).status == 200

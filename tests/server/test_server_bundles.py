@@ -141,6 +141,24 @@ def test_range_resume(git: Git, tmp_path: Path, b_server: LiveServer) -> None:
     assert head.header("accept-ranges") == "bytes"
 
 
+
+def test_route_honours_service_switches(git: Git, tmp_path: Path, b_root: Path,
+                                        b_server: LiveServer) -> None:
+    """A bundle is refused with its repository's upload-pack (http.uploadpack=false: 403,
+    as info/refs), not served from the bundle directory regardless."""
+    listed = _written(git, b_server, "repo.git", tmp_path,
+                      0 if _bundle_list(b_server, "repo.git") else 2)
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    path = uri.split(str(b_server.port), 1)[1]
+    assert request(b_server.port, "HEAD", path).status == 200
+    git.run("config", "http.uploadpack", "false", cwd=b_root / "repo.git")
+    try:
+        assert request(b_server.port, "GET", path).status == 403
+        assert request(b_server.port, "HEAD", path).status == 403
+    finally:
+        git.run("config", "--unset", "http.uploadpack", cwd=b_root / "repo.git")
+    assert request(b_server.port, "HEAD", path).status == 200
+
 def test_hidden_and_stale(git: Git, tmp_path: Path, b_root: Path, b_server: LiveServer) -> None:
     repo = b_root / "moving.git"
     listed = _written(git, b_server, "moving.git", tmp_path, 2)
