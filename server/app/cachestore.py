@@ -10,6 +10,7 @@ lock. Producing and reading entries is ``packcache.py``'s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -90,12 +91,17 @@ class CacheEntry:
         """Wait until the producer writes (``until`` bytes in all, when given), ends or
         fails; False after ``timeout``."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append((until, fut))
+        waiter = (until, fut)
+        self.waiters.append(waiter)
         try:
             await asyncio.wait_for(fut, timeout if timeout > 0 else None)
             return True
         except TimeoutError:
             return False
+        finally:
+            # Timed out or cancelled: not left for a wake to find (woken: gone already).
+            with contextlib.suppress(ValueError):
+                self.waiters.remove(waiter)
 
     async def grown(self, since: int, want: int, timeout: float) -> bool:
         """Wait until ``want`` bytes more than ``since`` are written, or the producer

@@ -76,7 +76,7 @@ async def _pump(request: web.Request, fd: int, offset: int, count: int,
     writer, transport = request.writer, request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("connection lost")
-    writer.send_headers()  # type: ignore[attr-defined]  # aiohttp >= 3.10 (pyproject)
+    writer.send_headers()  # type: ignore[attr-defined]  # aiohttp >= 3.12 (pyproject)
     await writer.drain()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (timeout or 60.0)

@@ -75,7 +75,8 @@ class SameAnswer:
         """What it holds, roughly: its lines and its state (the config and the ref
         segments it names are shared with the ref caches)."""
         return (400 + len(self.before) + len(self.after)
-                + 80 * sum(len(s) if isinstance(s, tuple) else 1 for s in self.state))
+                + sum(len(s) if isinstance(s, bytes) else 80 * len(s) if isinstance(s, tuple)
+                      else 80 for s in self.state))
 
 
 class SameFetches:

@@ -77,14 +77,16 @@ class SocketSender:
         # Nearly always empty already: uvloop writes at once what the socket takes. A
         # socket full since before the pack: wait for the transport to get it out (a
         # client that never reads is cut by the send watch meanwhile).
-        while transport.get_write_buffer_size():
-            self._check_open()
-            await asyncio.sleep(0.001)
         self._check_open()
         sock = transport.get_extra_info("socket")
         # Family and type given: no syscall to find them out. The descriptor shares the
         # connection's O_NONBLOCK: a send the socket cannot take raises BlockingIOError.
         self._sock = socket.socket(sock.family, sock.type, 0, os.dup(sock.fileno()))
+        while transport.get_write_buffer_size():
+            # Woken when the socket takes more (not polled), then the transport's own
+            # writer gets its turn to write its buffer out.
+            await self._writable()
+            await asyncio.sleep(0)
         self.add(first)
 
     def add(self, data: bytes) -> None:
@@ -159,7 +161,8 @@ class SocketSender:
             except BlockingIOError:
                 await self._writable()
                 continue
-            except (BrokenPipeError, ConnectionResetError) as exc:
+            except OSError as exc:  # any error of the socket: the connection is gone
+                self._transport.abort()
                 raise ConnectionResetError(str(exc)) from None
             self._count(n)
             view = view[n:]

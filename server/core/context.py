@@ -10,6 +10,7 @@ live beside it: :mod:`.answers` (advertisements, ls-refs, object-info and their 
 from __future__ import annotations
 
 import binascii
+import hashlib
 import os
 import threading
 import time
@@ -208,7 +209,13 @@ class RequestContext:
         snap = self.refs
         if not snap.cacheable:
             return None
-        return (snap.state, snap.head, self.config, self.grafts, objects_where(self.odb))
+        # Digests of the pack set and the shallow commits: an answer kept for later holds
+        # a few bytes of each, not ~100 B per pack (what the keeper charges, samefetch.py).
+        grafts = self.grafts
+        return (snap.state, snap.head, self.config,
+                hashlib.sha256(b"".join(sorted(grafts))).digest() if grafts else b"",
+                hashlib.sha256(objects_where(self.odb)).digest(),
+                self.blob_uris is None)  # capabilities depend on it (sideband-all, URIs)
 
     def exported(self) -> bool:
         """The repository holds ``git-daemon-export-ok`` (git-http-backend serves only such

@@ -100,3 +100,12 @@ def test_private_state_the_guard_reads() -> None:
             await asyncio.sleep(0)
 
     asyncio.run(run())
+
+
+def test_writer_hooks_sendfile_uses() -> None:
+    """What the sendfile senders (app/sendregion.py, filesend.py) and the headers-with-body
+    response (app/httpreq.py) rely on: ``StreamWriter.send_headers`` and the response's
+    ``_send_headers_immediately`` switch (aiohttp >= 3.12, pyproject.toml)."""
+    assert callable(getattr(StreamWriter, "send_headers", None))
+    assert inspect.signature(StreamWriter.send_headers).parameters.keys() == {"self"}
+    assert web.StreamResponse._send_headers_immediately is True  # type: ignore[attr-defined]
