@@ -82,14 +82,19 @@ class BlobPackStore:
 
     def keep(self, blob: LargeBlob) -> str | None:
         """The checksum of ``blob``'s pack, written now if need be; None when it does not
-        fit under --blob-uri-size (its blob then goes in the fetch's pack)."""
+        fit under --blob-uri-size, or another blob pack is being written (its blob then
+        goes in the fetch's pack: a fetch never waits for another's copy)."""
         hexid = blob.oid.hex()
         found = self._listed(hexid)
         if found is not None:
             return found
         fd = os.open(os.path.join(self.dir, "write.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # another worker writing it: wait for it
+            try:  # one writer at a time (and its --blob-uri-size accounting), never waited
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # for: a fetch deciding
+            except BlockingIOError:  # meanwhile keeps the blob in its own pack
+                log.debug("blob %s kept in the pack: another blob pack is being written", hexid)
+                return None
             found = self._listed(hexid)
             if found is not None:
                 return found

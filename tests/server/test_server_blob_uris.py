@@ -13,7 +13,9 @@ server/app/blobpacks.py, server/core/bigblobs.py), with real clients on 127.0.0.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import random
 import re
 import subprocess
@@ -280,3 +282,39 @@ def test_route_honours_service_switches(git: Git, bu_root: dict[str, object],
     finally:
         git.run("config", "--unset", "http.uploadpack", cwd=repo)
     assert request(bu_server.port, "GET", path).status == 200
+
+
+def test_fetch_never_waits_for_another_blob_pack(git: Git, tmp_path: Path,
+                                                 bu_root: dict[str, object]) -> None:
+    """While a blob pack is being written (its lock held: here by the test, as by another
+    worker's long copy), a fetch does not wait for it: a large blob not kept yet goes in
+    its own pack, listed by no URI, and the clone is whole; once the writer is done, it is
+    offloaded too."""
+    repo = bu_root["repo"]
+    assert isinstance(repo, Path)
+    bpdir = tmp_path / "bp"
+    srv = start_server(bu_root["root"], extra_args=[  # type: ignore[arg-type]
+        "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(bpdir)])
+    try:
+        main = git.out("rev-parse", "main", cwd=repo).strip()
+        tagged = git.out("rev-parse", "v1^{}", cwd=repo).strip()
+        # main's blobs are kept now (and the lock, made by the first write, is there).
+        on_main = {m.group(3) for m in _uris(srv, [main])[0]}
+        assert on_main and on_main < bu_root["large"]  # type: ignore[operator]
+        (lock,) = bpdir.rglob("write.lock")
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Before the change this waited for the lock: the request timed out.
+            assert {m.group(3) for m in _uris(srv, [tagged])[0]} == on_main
+            dest = tmp_path / "held"
+            subprocess.run(["git", "-c", "protocol.version=2", "-c", "fetch.uriprotocols=http",
+                            "clone", "-q", "--bare", f"{srv.url}/repo.git", str(dest)],
+                           env=git_env(git.home), capture_output=True, timeout=120, check=True)
+            fsck(git, dest)
+            assert len(list((dest / "objects" / "pack").glob("*.pack"))) == 1 + len(on_main)
+        finally:
+            os.close(fd)
+        assert {m.group(3) for m in _uris(srv, [tagged])[0]} == bu_root["large"]
+    finally:
+        srv.stop()
