@@ -111,7 +111,9 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
                 layout = _compute(pack, order, resolve, compression)
         except IndexError:  # an entry header past what the file holds
             raise pack.corrupt("truncated entry header") from None
-        if stored is not None and layout is not None:
+        # One larger than the store takes a record (a quarter of it) is not even encoded:
+        # encoding copies it, for a file that would be dropped.
+        if stored is not None and layout is not None and layout.cost() <= stored.max_bytes // 4:
             stored.save(*where, encode_layout(layout))
     if cache is not None:
         cache.put(key, _NONE if layout is None else layout,
