@@ -93,6 +93,7 @@ class ClosureStore:
         self._seq = 0
         self.enabled = max_bytes > 0 and self._private_dir(self.root)
         if self.enabled:
+            self.root = self._pinned(self.root)
             self.stats.bytes = self._scan_bytes()
 
     # -- reading ---------------------------------------------------------------------
@@ -284,6 +285,20 @@ class ClosureStore:
             with self._lock:
                 self.stats.bytes = max(0, self.stats.bytes - size)
         self._count(result)
+
+    @staticmethod
+    def _pinned(path: str) -> str:
+        """The directory found private, by its descriptor (``/proc/self/fd/N``), where
+        Linux has one: whoever may write to its parent (an emptyDir is mode 0777) can
+        rename it away later and put another in its place, but not under this name."""
+        if not os.path.isdir("/proc/self/fd"):
+            return path
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)  # the one opened is the one checked (no swap in between)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            os.close(fd)
+            raise PermissionError(f"{path} changed hands while it was being opened")
+        return f"/proc/self/fd/{fd}"
 
     @staticmethod
     def _private_dir(path: str) -> bool:

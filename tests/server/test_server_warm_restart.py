@@ -303,6 +303,28 @@ def test_store_refuses_a_directory_others_may_write(tmp_path: Path) -> None:
     assert not list((tmp_path / STORE_DIR).iterdir())
 
 
+
+def test_store_stays_with_the_directory_it_checked(tmp_path: Path) -> None:
+    """Whoever may write to the cache directory (an emptyDir is mode 0777) may rename the
+    store away and put their own in its place: the store keeps using the directory it
+    found private, never reads the planted one."""
+    base = tmp_path / "cache"
+    base.mkdir()
+    os.chmod(base, 0o777)
+    store = ClosureStore(str(base), 1 << 20)
+    assert store.enabled
+    store.save("s", "a", b"id", b"ours")
+    store.flush()
+    (base / STORE_DIR).rename(base / "moved")
+    planted = ClosureStore(str(base), 1 << 20)  # as a stranger would make it
+    planted.save("s", "b", b"id", b"planted")
+    planted.flush()
+    assert store.load("s", "b", b"id") is None
+    assert store.load("s", "a", b"id") == b"ours"
+    store.save("s", "c", b"id", b"more")
+    store.flush()
+    assert (base / "moved" / "s").is_dir() and not (base / STORE_DIR / "s" / "c.clo").exists()
+
 def test_layout_record_round_trip_and_mismatch() -> None:
     layout = Layout(array("I", [1, 2, 5]), array("Q", [0, 10, 30]), b"lit",
                     array("Q", [0, 3, 3]), array("Q", [100, 140]), array("Q", [120, 160]),
