@@ -36,7 +36,7 @@ from ..core.bigblobs import BlobUriPolicy, LargeBlob
 from ..core.context import RequestContext
 from ..graph.reachability import check_wants
 from .bundles import OffloadMetrics
-from .cachedir import make_directory, reclaim_orphans
+from .cachedir import make_directory, reclaim_orphans, remove_files, unlink_quietly
 from .config import Config
 from .filesend import send_file
 
@@ -141,7 +141,7 @@ class BlobPackStore:
             name = f"{hexid}-{checksum.hex()}.pack"
             os.replace(tmp, os.path.join(self.dir, name))
         except BaseException:
-            _unlink(tmp)
+            unlink_quietly(tmp)
             raise
         idtmp = os.path.join(self.dir, f"{hexid}.id.{os.getpid()}")
         with open(idtmp, "w") as fh:
@@ -173,8 +173,8 @@ class BlobPackStore:
         for listed, size, path, hexid in sorted(held):
             if total + need <= cap or listed > now - GRACE:
                 break
-            _unlink(os.path.join(self.dir, hexid + ".id"))
-            _unlink(path)
+            unlink_quietly(os.path.join(self.dir, hexid + ".id"))
+            unlink_quietly(path)
             total -= size
         return total + need <= cap
 
@@ -198,12 +198,7 @@ class BlobPackStore:
         """Remove every file of a directory of this process's own."""
         if self._dir_lock < 0:
             return
-        for name in os.listdir(self.dir):
-            _unlink(os.path.join(self.dir, name))
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        remove_files(self.dir)
         os.close(self._dir_lock)
 
 
@@ -221,13 +216,6 @@ def _entry_header(size: int) -> bytes:
         out.append(size & 0x7F)
         size >>= 7
     return bytes(out)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 async def serve_blob_pack(store: BlobPackStore, ctx: RequestContext, name: str,

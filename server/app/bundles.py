@@ -34,7 +34,7 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..packgen import PackStream
 from .bundleshare import Bundle, BundleFiles
-from .cachedir import make_directory, reclaim_orphans
+from .cachedir import make_directory, reclaim_orphans, unlink_quietly
 from .config import Config
 from .filesend import send_file
 
@@ -190,7 +190,7 @@ class BundleStore:
         finally:
             self.files.unlock(lock)
         if old is not None:
-            _unlink(old.path)
+            unlink_quietly(old.path)
         self._evict(keep=tag)
         self.metrics.bundles_written.inc()
         self.metrics.bundle_bytes_written.inc(bundle.size)
@@ -218,11 +218,11 @@ class BundleStore:
                             raise _TooLarge
             os.rename(tmp, path)
         except _TooLarge:
-            _unlink(tmp)
+            unlink_quietly(tmp)
             log.warning("bundle of %s over --bundle-size: not kept", ctx.repo.url_path)
             return None
         except BaseException:
-            _unlink(tmp)
+            unlink_quietly(tmp)
             raise
         return Bundle(token, path, tuple(refs), size)
 
@@ -257,13 +257,6 @@ def full_clone(plan: FetchPlan | None) -> bool:
     order = plan.order
     return order is not None and not order.common and not order.shallow \
         and order.filter is None and not order.exclude
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 async def serve_bundle(store: BundleStore, ctx: RequestContext, name: str,

@@ -25,6 +25,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from .cachedir import remove_files, unlink_quietly
+
 __all__ = ["Bundle", "BundleFiles"]
 
 STAMP = struct.Struct("<d")
@@ -142,21 +144,9 @@ class BundleFiles:
     def drop(self, tag: str, bundle: Bundle) -> None:
         """Unpublish ``bundle`` if it is still the current one, and remove its file."""
         if self.current(tag) == bundle:
-            _unlink(self._meta(tag))
-        _unlink(bundle.path)
+            unlink_quietly(self._meta(tag))
+        unlink_quietly(bundle.path)
 
     def close(self) -> None:
         """Remove every file (a directory of this process's own)."""
-        for name in os.listdir(self.dir):
-            _unlink(os.path.join(self.dir, name))
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        remove_files(self.dir)

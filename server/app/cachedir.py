@@ -13,7 +13,8 @@ import shutil
 import tempfile
 import time
 
-__all__ = ["make_directory", "reclaim_orphans", "DIR_PREFIX", "NEW_PREFIX"]
+__all__ = ["make_directory", "reclaim_orphans", "remove_files", "unlink_quietly",
+           "DIR_PREFIX", "NEW_PREFIX"]
 
 log = logging.getLogger("gitspout")
 
@@ -71,3 +72,21 @@ def reclaim_orphans(base: str) -> int:
     if removed:
         log.info("pack cache: removed %d directories of stopped servers from %s", removed, base)
     return removed
+
+
+def unlink_quietly(path: str) -> None:
+    """Remove ``path``; gone already is as good."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_files(directory: str) -> None:
+    """Remove every file of ``directory`` (one of this process's own), then it if empty."""
+    for name in os.listdir(directory):
+        unlink_quietly(os.path.join(directory, name))
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
