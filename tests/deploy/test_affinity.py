@@ -135,7 +135,10 @@ def fleet_factory(tmp_path: Path) -> Iterator[object]:
     started: list[Fleet] = []
 
     def make(root: Path, affinity: bool) -> Fleet:
-        servers = [start_server(root) for _ in range(3)]
+        # No pack cache: a repeated clone is then produced again, long enough to be caught
+        # in flight by the kill round (a cache hit by sendfile is over in a millisecond).
+        servers = [start_server(root, extra_args=["--pack-cache-size", "0"])
+                   for _ in range(3)]
         workdir = tmp_path / ("affinity" if affinity else "round-robin")
         workdir.mkdir()
         port = _free_port()
