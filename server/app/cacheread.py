@@ -220,7 +220,10 @@ def pack_bytes_before(fd: int, end: int) -> int:
         head = os.pread(fd, 4, pos)
         if len(head) < 4:
             raise OSError("pack cache file shrank")
-        length = int(head, 16)
+        try:
+            length = int(head, 16)
+        except ValueError:
+            length = 0  # not a packet length: damaged, as below
         if length < 5:
             raise OSError("pack cache file is damaged")
         pack += length - 5

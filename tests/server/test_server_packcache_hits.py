@@ -540,3 +540,21 @@ def test_a_reader_stalled_in_sendfile_is_cut_by_the_send_watch(
         sock.close()
         srv.stop()
     assert not [line for line in srv.lines if "Traceback" in line]
+
+
+def test_damaged_packet_length_is_a_storage_error(tmp_path: Path) -> None:
+    """A cache file whose packet length is not hex is damaged (OSError: the reader's
+    storage path), not an internal error (ValueError)."""
+    import os
+
+    from gitspout.server.app.cacheread import pack_bytes_before
+
+    path = tmp_path / "damaged"
+    path.write_bytes(b"0009abcd\nzzzzabc")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert pack_bytes_before(fd, 9) == 4
+        with pytest.raises(OSError, match="damaged"):
+            pack_bytes_before(fd, 16)
+    finally:
+        os.close(fd)
