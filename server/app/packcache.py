@@ -456,7 +456,7 @@ class PackCacheCollector:
                 "gitspout_pack_cache_same_requests", "Fetches whose body, repository, "
                 "namespace, user and protocol were seen before: hit (answered without "
                 "parsing or planning), stale (the repository changed since: planned again), "
-                "miss (not seen, or its pack no longer cached).", labels=["result"])
+                "gone (its pack no longer cached: planned again).", labels=["result"])
             for result, n in same.results.items():
                 results.add_metric([result], n)
             yield results
