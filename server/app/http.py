@@ -192,24 +192,19 @@ async def _dispatch(state: ServerState, request: web.Request,
     # tenant's namespace is a repository of its own to the access rules.
     rule_path = url_path if namespace else None
     try:
-        if bundle is not None and state.bundles is not None:
+        if bundle is not None or blob_pack is not None:  # a file of ours: GET or HEAD
             if request.method not in ("GET", "HEAD"):
                 return text_response(405, f"method {request.method} not allowed here")
             await _authorize(state, request, scope, repo_path, rule_path)
-            scope.record.command = "bundle"
+            scope.record.command = "bundle" if bundle is not None else "blob-pack"
             ctx = state.view(scope, await state.resolve(repo_path), namespace)
             await scope.run(_service_check(state, scope))  # as the other routes
-            resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
-            scope.record.bytes = resp.content_length or 0
-            return resp
-        if blob_pack is not None and state.blob_packs is not None:
-            if request.method not in ("GET", "HEAD"):
-                return text_response(405, f"method {request.method} not allowed here")
-            await _authorize(state, request, scope, repo_path, rule_path)
-            scope.record.command = "blob-pack"
-            ctx = state.view(scope, await state.resolve(repo_path), namespace)
-            await scope.run(_service_check(state, scope))  # as the other routes
-            resp = await serve_blob_pack(state.blob_packs, ctx, blob_pack, request, scope.run)
+            if bundle is not None and state.bundles is not None:
+                resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
+            else:
+                assert blob_pack is not None and state.blob_packs is not None
+                resp = await serve_blob_pack(state.blob_packs, ctx, blob_pack, request,
+                                             scope.run)
             scope.record.bytes = resp.content_length or 0
             return resp
         if action == RECEIVE_PACK:
