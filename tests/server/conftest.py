@@ -121,3 +121,11 @@ def big_server(big_root: tuple[Path, str]) -> Iterator[LiveServer]:
     srv = start_server(big_root[0], extra_args=["--threads", "2"])
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    """An empty directory for a server's ``--pack-cache-dir``."""
+    d = tmp_path / "cache"
+    d.mkdir()
+    return d

@@ -77,13 +77,6 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
 
 
 @pytest.fixture
-def cache_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "cache"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 def storm_server(cache_root: Path, cache_dir: Path) -> Iterator[LiveServer]:
     srv = start_server(cache_root, ["--pack-cache-dir", str(cache_dir)])
     yield srv

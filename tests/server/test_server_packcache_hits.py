@@ -89,13 +89,6 @@ def own_root(hits_root: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cache_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "cache"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 def hits_server(hits_root: Path, cache_dir: Path) -> Iterator[LiveServer]:
     srv = start_server(hits_root, ["--pack-cache-dir", str(cache_dir)])
     yield srv
