@@ -23,9 +23,11 @@ they end:
   sender process (it accepts, reads the file name, sends the file, closes), to a client
   reading as the hit's does: the kernel's cost of those bytes. Target: hit/bare <= 2;
 - **floor**: ``GET /healthz`` on a new connection: what aiohttp costs per request before
-  gitspout does anything (a part of hit that no pack path removes); and a minimal aiohttp
+  gitspout does anything (a part of hit that no pack path removes); a minimal aiohttp
   app (uvloop) that answers the same request with the same file by ``os.sendfile``, and
-  nothing else: the least an aiohttp handler costs for these bytes.
+  nothing else: the least an aiohttp handler costs for these bytes; and the same answer
+  from a bare asyncio protocol on uvloop, no web framework: the least Python and the event
+  loop cost for them.
 
 Every clone is checked (``git fsck --connectivity-only`` on one per round), and the table
 shows medians over the rounds (``--hits`` samples of hit, bare and floor per round), with
@@ -134,6 +136,69 @@ async def main():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+uvloop.install()
+asyncio.run(main())
+"""
+
+
+# The same answer without aiohttp: a bare asyncio protocol on uvloop reads the request
+# head and its body (Content-Length), writes the status line and headers, sends the file
+# by os.sendfile as above, and closes. What Python and the event loop cost for these bytes
+# before any web framework: the floor of a server that kept aiohttp off its hot path.
+RAW_SENDFILE = r"""
+import asyncio, os, sys
+import uvloop
+
+PATH = sys.argv[1]
+
+class Answer(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data):
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        length = 0
+        for line in self.buf[:end].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(self.buf) - end - 4 >= length:
+            self.transport.pause_reading()
+            asyncio.ensure_future(self.send())
+
+    async def send(self):
+        size = os.stat(PATH).st_size
+        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: "
+                             b"application/x-git-upload-pack-result\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n" % size)
+        loop = asyncio.get_running_loop()
+        out = os.dup(self.transport.get_extra_info("socket").fileno())
+        fd = os.open(PATH, os.O_RDONLY)
+        try:
+            off = 0
+            while off < size:
+                try:
+                    off += os.sendfile(out, fd, off, size - off)
+                except BlockingIOError:
+                    ready = loop.create_future()
+                    loop.add_writer(out, ready.set_result, None)
+                    try:
+                        await ready
+                    finally:
+                        loop.remove_writer(out)
+        finally:
+            os.close(fd)
+            os.close(out)
+        self.transport.close()
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
     await asyncio.Event().wait()
 
 uvloop.install()
@@ -266,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             clones(url, [work / f"warm{i}.git"], args.filter)
         start = metrics(port)
         rows: dict[str, list[float]] = {
-            k: [] for k in ("one", "eight", "hit", "bare", "floor", "minimal")}
+            k: [] for k in ("one", "eight", "hit", "bare", "floor", "minimal", "raw")}
         minimal: subprocess.Popen[str] | None = None
+        raw: subprocess.Popen[str] | None = None
         size = 0
         for r in range(args.rounds):
             time.sleep(TTL + 0.5)  # the entry expires: this clone produces the pack
@@ -285,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
                                             str(baseline)], stdout=subprocess.PIPE, text=True)
                 assert minimal.stdout is not None
                 minimal_port = int(minimal.stdout.readline())
+                raw = subprocess.Popen([sys.executable, "-c", RAW_SENDFILE, str(baseline)],
+                                       stdout=subprocess.PIPE, text=True)
+                assert raw.stdout is not None
+                raw_port = int(raw.stdout.readline())
+            assert raw is not None
             before = metrics(port)
             for _ in range(args.hits):
                 rows["hit"].append(measure(pid, lambda: fetch_once(
@@ -292,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows["bare"].append(measure(sender.pid, lambda b=baseline: bare_once(bare_port, b)))
                 rows["floor"].append(measure(pid, lambda: get_once(port, "/healthz")))
                 rows["minimal"].append(measure(minimal.pid, lambda p=minimal_port: fetch_once(
+                    p, "/repo.git/git-upload-pack", body)))
+                rows["raw"].append(measure(raw.pid, lambda p=raw_port: fetch_once(
                     p, "/repo.git/git-upload-pack", body)))
             hits = metrics(port).get("lookups.hit", 0) - before.get("lookups.hit", 0)
             if hits != args.hits:
@@ -316,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print("over the run: " + ", ".join(
             f"{k} {end.get(k, 0) - start.get(k, 0):.0f}" for k in sorted(end)))
     finally:
-        for proc in (sender, minimal):
+        for proc in (sender, minimal, raw):
             if proc is not None:
                 proc.kill()
                 proc.wait()
@@ -342,6 +415,8 @@ def table(rows: dict[str, list[float]], args: argparse.Namespace, size: int) -> 
         f"{med['floor'] / med['bare']:.2f} x bare | |",
         f"| aiohttp floor: a minimal app sending the file | {med['minimal']:.2f} | "
         f"{med['minimal'] / med['bare']:.2f} x bare | |",
+        f"| floor without aiohttp: an asyncio protocol sending the file | {med['raw']:.2f} | "
+        f"{med['raw'] / med['bare']:.2f} x bare | |",
     ]
     return "\n".join(lines)
 
