@@ -23,7 +23,11 @@ pid); one whose identity differs (its pack was replaced) ``stale``. Files live i
 a file planted there by someone else could make the server send objects nobody may
 have), never in the repositories. They hold at most ``max_bytes`` together (a fixed share
 of ``--pack-cache-size``): past it, the least recently used go first (a load touches its
-file's mtime). Writes are done by a background thread after the walk, never by a request.
+file's mtime). With ``--workers N`` each worker's ``max_bytes`` is a sixteenth of its Nth
+of the size; one that counts past it (what it found at start and at its last trim, and what
+it wrote since) trims the whole shared directory, everyone's files, to three quarters of
+it, so the directory holds at most about N of those shares: the sixteenth of the setting.
+Writes are done by a background thread after the walk, never by a request.
 """
 
 from __future__ import annotations

@@ -294,6 +294,19 @@ def test_store_answers_only_its_identity_and_keeps_its_budget(tmp_path: Path) ->
     assert store.load("s", "n11", b"id") == b"y" * 600  # the newest kept
 
 
+def test_stores_sharing_a_directory_keep_its_total_within_their_shares(tmp_path: Path) -> None:
+    """Two workers' stores on one directory, 4 KiB each (a sixteenth of each one's half of
+    --pack-cache-size): writing in turn, the directory never holds more than both shares."""
+    stores = [ClosureStore(str(tmp_path), 4096) for _ in range(2)]
+    for k in range(40):
+        store = stores[k % 2]
+        store.save("s", f"w{k % 2}-{k}", b"id", b"z" * 600)
+        store.flush()
+        total = sum(p.stat().st_size for p in (tmp_path / STORE_DIR).glob("*/*.clo"))
+        assert total <= 2 * 4096, (k, total)
+    assert all(s.stats.results["evicted"] > 0 for s in stores)
+
+
 def _leftovers(cache: Path, scope: str) -> tuple[Path, Path]:
     """A killed writer's temporary file (untouched for longer than TMP_AGE) and one being
     written by a live process now, in ``scope`` of the store in ``cache``."""

@@ -425,6 +425,47 @@ def test_killed_workers_unfinished_files_are_removed(workers_root: Path, tmp_pat
         srv.stop()
 
 
+def _disk_bytes(directory: Path) -> int:
+    """Bytes of every file under ``directory`` (the pack cache and the closure store)."""
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def test_shared_cache_directory_stays_within_the_size_in_all(git: Git, tmp_path: Path) -> None:
+    """Two workers, one --pack-cache-dir of 1.5 MB, clones of six branches of 600 KiB each
+    (3.6 MB of packs): each worker keeps half of the size, so the directory (packs,
+    metadata, closures) never holds more than the setting, not twice it."""
+    root, work = tmp_path / "root", tmp_path / "work"
+    git.run("init", "-q", "-b", "b0", str(work))
+    c = Committer(git, work)
+    rng = random.Random(2)
+    for b in range(6):
+        if b:
+            git.run("switch", "-q", "--orphan", f"b{b}", cwd=work)
+        c.commit({f"b{b}.bin": rng.randbytes(600 << 10)}, f"branch {b}")
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "app.git"))
+    git.run("--git-dir", str(root / "app.git"), "repack", "-adq", "--write-bitmap-index")
+    cap, cache = 1_500_000, tmp_path / "cache"
+    srv = _start(root, ("--pack-cache-dir", str(cache), "--pack-cache-size", str(cap)))
+    try:
+        [shared] = cache.glob("gitspout-packcache-*")
+        for b in range(6):
+            dest = tmp_path / f"b{b}.git"
+            git.run("clone", "--bare", "-q", "--single-branch", "-b", f"b{b}",
+                    f"http://127.0.0.1:{srv.port}/app.git", str(dest))
+            fsck(git, dest)
+            # Its producer has published its pack or was evicted: the disk is settled.
+            poll(lambda: not list(shared.glob("*.part")), 20, "no pack being written")
+            assert _disk_bytes(cache) <= cap, sorted(
+                (f.name, f.stat().st_size) for f in cache.rglob("*") if f.is_file())
+        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        assert generated > 2 * cap  # the cache was asked to hold more than twice its size
+        evicted = _samples(srv.port, "gitspout_pack_cache_evictions_total")
+        assert evicted['{reason="size"}'] >= 3
+        assert _samples(srv.port, "gitspout_pack_cache_limit_bytes")[""] <= cap
+    finally:
+        srv.stop()
+
+
 def _owners(directory: Path) -> dict[str, int]:
     """The published packs of a shared cache directory and the pid of their producer."""
     import json
