@@ -3,9 +3,9 @@ docs/operations.md "Workers"): one producer per key across the processes, reader
 
 A key's files in the shared directory:
 
-- ``KEY.lock``: the producer holds an exclusive ``flock`` on it while it writes. It is never
-  removed while the directory lives: a lock file unlinked and made again would let two
-  processes hold "the" lock on two inodes at once.
+- ``KEY.lock``: the producer holds an exclusive ``flock`` on it while it writes, and writes
+  its pid in it. It is never removed while the directory lives: a lock file unlinked and
+  made again would let two processes hold "the" lock on two inodes at once.
 - ``KEY.part``: the pack being written, framed as side-band-64k packets (packcache.py; read
   by the producer's own readers, in its process).
 - ``KEY.meta`` then ``KEY.pack``: written once complete, in this order and each atomically
@@ -17,8 +17,9 @@ A worker that misses in its own index *claims* the key: a complete pack is adopt
 an exclusive lock taken makes it the producer; a lock held elsewhere makes it wait (with
 keepalives to its client) for a shared lock, and then adopt the pack, or, if the producer
 died or gave up (no ``KEY.pack``), send the pack from its own stream. The producer's
-worker counts the file in its ``--pack-cache-size`` share and evicts it (its TTL, its cap;
-the master removes a dead worker's: :func:`forget_producer`);
+worker counts the file in its ``--pack-cache-size`` share (size/N each: the directory
+holds at most the setting in all) and evicts it (its TTL, its cap; the master removes a
+dead worker's, published or not: :func:`forget_producer`);
 an adopting worker keeps only an index entry, never removes the file, and a reader that
 finds it gone goes on without the cache (packcache.py).
 """
@@ -29,6 +30,7 @@ import asyncio
 import errno
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ from typing import Any
 
 __all__ = ["Claim", "claim", "publish", "release", "wait_for_producer", "pack_path",
            "forget_producer"]
+
+log = logging.getLogger("gitspout")
 
 POLL = 0.02  # seconds between two tries of the shared lock while another worker produces
 
@@ -91,6 +95,8 @@ def claim(directory: str, key: bytes) -> Claim:
         return Claim("adopt", meta=meta)
     part = base + ".part"
     try:
+        os.ftruncate(fd, 0)  # whose .part it is, for forget_producer
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
         try:
             os.unlink(part)  # left by a producer that died: the lock is ours now
         except FileNotFoundError:
@@ -131,24 +137,56 @@ def unpublish(path: str) -> None:
 
 
 def forget_producer(directory: str, pid: int) -> int:
-    """A worker died: the packs it published go (nobody else would ever evict them);
-    readers that have them open keep reading. How many."""
+    """A worker died: the packs it published go (nobody else would ever evict them), and
+    so do the files it left unfinished, outside every worker's share: a ``KEY.part``
+    whose lock names it and is free (no producer since), a ``KEY.meta.PID`` of its pid.
+    Readers that have them open keep reading. How many packs and files."""
     removed = 0
     try:
-        names = [n for n in os.listdir(directory) if n.endswith(".meta")]
+        names = os.listdir(directory)
     except OSError:
         return 0
     for name in names:
         path = os.path.join(directory, name)
-        try:
-            with open(path) as fh:
-                owner = json.load(fh).get("pid")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if owner == pid:
-            unpublish(path[:-len(".meta")] + ".pack")
+        if name.endswith(".part"):
+            removed += _forget_part(path[:-len(".part")], pid)
+        elif name.endswith(f".meta.{pid}"):
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
             removed += 1
+        elif name.endswith(".meta"):
+            try:
+                with open(path) as fh:
+                    owner = json.load(fh).get("pid")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if owner == pid:
+                unpublish(path[:-len(".meta")] + ".pack")
+                removed += 1
+    if removed:
+        log.info("pack cache: removed %d files of worker pid %d", removed, pid)
     return removed
+
+
+def _forget_part(base: str, pid: int) -> int:
+    """Remove ``base.part`` if ``pid`` wrote it (its lock names it) and nobody holds the
+    lock (a producer that claimed the key since wrote its own pid); 1 if removed."""
+    try:
+        fd = os.open(base + ".lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close
+        if os.pread(fd, 32, 0).strip() != b"%d" % pid:
+            return 0
+        os.unlink(base + ".part")
+        return 1
+    except OSError:  # held (a producer, or a waiter for a moment), or gone already
+        return 0
+    finally:
+        os.close(fd)
 
 
 async def wait_for_producer(directory: str, key: bytes, keepalive: float,

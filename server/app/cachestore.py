@@ -133,7 +133,10 @@ class PackCacheStats:
 
 
 class CacheStore:
-    """The index of cache entries and their files, within the byte cap."""
+    """The index of cache entries and their files, within the byte cap. In a directory
+    shared by ``--workers N`` the cap is this worker's share (``--pack-cache-size``/N,
+    workers.py ``worker_config``) and counts only the files it produced (``owned``): the
+    workers' shares add up to the setting, so the directory holds at most that in all."""
 
     def __init__(self, limits: PackCacheLimits) -> None:
         base = limits.directory or tempfile.gettempdir()

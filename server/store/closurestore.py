@@ -12,14 +12,22 @@ must match exactly) and a payload. Each record is one file::
     magic "GSCLOSR\\0", version (u16), identity length (u16), payload length (u64),
     identity, payload, SHA-256 of everything before it
 
-written to a temporary name and renamed, so a reader sees a whole file or none. A file
-that does not parse, whose checksum or length is wrong, is removed and counted
-``corrupt``; one whose identity differs (its pack was replaced) ``stale``. Files live in
+written to a temporary name (``.tmp-<pid>-<thread>-<n>``) and renamed, so a reader sees a
+whole file or none. A file that does not parse, whose checksum or length is wrong, is
+removed and counted ``corrupt``, and so is a temporary file older than :data:`TMP_AGE`,
+left by a process killed while writing it (found when a store starts and when it evicts;
+a younger one may be another process's write in progress: the workers and the next
+process share the directory, maybe from other containers, so the age decides, not the
+pid); one whose identity differs (its pack was replaced) ``stale``. Files live in
 ``<base>/gitspout-closures/<scope>/``, a directory of this user's own (mode 0700, checked:
 a file planted there by someone else could make the server send objects nobody may
 have), never in the repositories. They hold at most ``max_bytes`` together (a fixed share
 of ``--pack-cache-size``): past it, the least recently used go first (a load touches its
-file's mtime). Writes are done by a background thread after the walk, never by a request.
+file's mtime). With ``--workers N`` each worker's ``max_bytes`` is a sixteenth of its Nth
+of the size; one that counts past it (what it found at start and at its last trim, and what
+it wrote since) trims the whole shared directory, everyone's files, to three quarters of
+it, so the directory holds at most about N of those shares: the sixteenth of the setting.
+Writes are done by a background thread after the walk, never by a request.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import queue
 import stat
 import struct
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -46,6 +55,10 @@ _SUM = 32  # SHA-256
 SUFFIX = ".clo"
 RESULTS = ("loaded", "missed", "written", "stale", "corrupt", "evicted", "dropped")
 QUEUE_MAX = 64  # records waiting to be written; more are dropped (and counted)
+TMP_PREFIX = ".tmp-"
+# A temporary file untouched this long is a killed writer's: a record is written in one
+# call of at most a quarter of the budget, within seconds.
+TMP_AGE = 600.0
 
 
 @dataclass
@@ -198,7 +211,7 @@ class ClosureStore:
         path = os.path.join(folder, name + SUFFIX)
         with self._lock:
             self._seq += 1
-            tmp = os.path.join(folder, f".tmp-{os.getpid()}-{threading.get_ident()}-{self._seq}")
+            tmp = os.path.join(folder, f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{self._seq}")
         try:
             old = os.lstat(path).st_size
         except OSError:
@@ -224,8 +237,11 @@ class ClosureStore:
     # -- the budget ------------------------------------------------------------------
 
     def _files(self) -> list[tuple[float, int, str]]:
-        """(mtime, size, path) of every record file, of every scope."""
+        """(mtime, size, path) of every record file, of every scope; temporary files older
+        than :data:`TMP_AGE` (their writer was killed) are removed on the way."""
         found = []
+        leftovers = 0
+        now = time.time()
         try:
             scopes = list(os.scandir(self.root))
         except OSError:
@@ -244,6 +260,16 @@ class ClosureStore:
                     continue
                 if entry.name.endswith(SUFFIX) and stat.S_ISREG(st.st_mode):
                     found.append((st.st_mtime, st.st_size, entry.path))
+                elif entry.name.startswith(TMP_PREFIX) and now - st.st_mtime > TMP_AGE:
+                    try:
+                        os.unlink(entry.path)
+                    except OSError:
+                        continue
+                    leftovers += 1
+        if leftovers:
+            with self._lock:
+                self.stats.results["corrupt"] += leftovers
+            log.info("closure store: removed %d unfinished files of killed writers", leftovers)
         return found
 
     def _scan_bytes(self) -> int:

@@ -22,6 +22,7 @@ import pytest
 from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
+    TMP_AGE,
     ClosureStore,
     decode_record,
     encode_record,
@@ -291,6 +292,63 @@ def test_store_answers_only_its_identity_and_keeps_its_budget(tmp_path: Path) ->
     total = sum(p.stat().st_size for p in (tmp_path / STORE_DIR).glob("*/*.clo"))
     assert total <= 4096 and store.stats.results["evicted"] > 0
     assert store.load("s", "n11", b"id") == b"y" * 600  # the newest kept
+
+
+def test_stores_sharing_a_directory_keep_its_total_within_their_shares(tmp_path: Path) -> None:
+    """Two workers' stores on one directory, 4 KiB each (a sixteenth of each one's half of
+    --pack-cache-size): writing in turn, the directory never holds more than both shares."""
+    stores = [ClosureStore(str(tmp_path), 4096) for _ in range(2)]
+    for k in range(40):
+        store = stores[k % 2]
+        store.save("s", f"w{k % 2}-{k}", b"id", b"z" * 600)
+        store.flush()
+        total = sum(p.stat().st_size for p in (tmp_path / STORE_DIR).glob("*/*.clo"))
+        assert total <= 2 * 4096, (k, total)
+    assert all(s.stats.results["evicted"] > 0 for s in stores)
+
+
+def _leftovers(cache: Path, scope: str) -> tuple[Path, Path]:
+    """A killed writer's temporary file (untouched for longer than TMP_AGE) and one being
+    written by a live process now, in ``scope`` of the store in ``cache``."""
+    folder = cache / STORE_DIR / scope
+    folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+    os.chmod(cache / STORE_DIR, 0o700)
+    stale, fresh = folder / ".tmp-4242-1-1", folder / ".tmp-4243-1-1"
+    stale.write_bytes(b"GSCLOSR\0half a record")
+    fresh.write_bytes(b"GSCLOSR\0being written")
+    old = stale.stat().st_mtime - TMP_AGE - 60
+    os.utime(stale, (old, old))
+    return stale, fresh
+
+
+def test_killed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
+    """A process killed between writing a record and renaming it leaves its temporary file:
+    the next store on the directory removes it (counted corrupt), on start and when it
+    evicts; a young one (another process writing now) stays."""
+    stale, fresh = _leftovers(tmp_path, "s")
+    store = ClosureStore(str(tmp_path), 4096)
+    assert not stale.exists() and fresh.exists()
+    assert store.stats.results["corrupt"] == 1 and store.stats.bytes == 0
+    stale, fresh = _leftovers(tmp_path, "t")  # planted while it runs: its trim finds them
+    for k in range(12):
+        store.save("s", f"n{k}", b"id", b"y" * 600)
+    store.flush()
+    assert store.stats.results["evicted"] > 0
+    assert not stale.exists() and fresh.exists()
+    assert store.stats.results["corrupt"] == 2
+
+
+def test_server_start_removes_killed_writers_temporary_files(tmp_path: Path) -> None:
+    cache, root = tmp_path / "cache", tmp_path / "root"
+    root.mkdir()
+    stale, fresh = _leftovers(cache, "s")
+    srv = _start(root, cache)
+    try:
+        assert not stale.exists() and fresh.exists()
+        assert _store_counts(srv.port)["corrupt"] == 1
+    finally:
+        srv.stop()
+    assert fresh.exists()
 
 
 def test_store_refuses_a_directory_others_may_write(tmp_path: Path) -> None:

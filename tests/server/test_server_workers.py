@@ -387,6 +387,85 @@ def test_pack_cache_is_shared_one_producer_per_key(
         srv.stop()
 
 
+def test_killed_workers_unfinished_files_are_removed(workers_root: Path, tmp_path: Path) -> None:
+    """A worker killed while it produced a pack (an OOM kill) leaves ``KEY.part``, maybe
+    ``KEY.meta.PID``, in the shared directory, in nobody's share of --pack-cache-size: the
+    master removes them when it reaps the worker; another producer's files stay."""
+    import fcntl
+
+    srv = _start(workers_root, ("--pack-cache-dir", str(tmp_path / "cache")))
+    try:
+        [shared] = (tmp_path / "cache").glob("gitspout-packcache-*")
+        victim, other = sorted(_children(srv.proc.pid))
+
+        def plant(key: str, owner: int) -> Path:
+            (shared / f"{key * 40}.lock").write_text(f"{owner}\n")
+            part = shared / f"{key * 40}.part"
+            part.write_bytes(b"\0" * (256 << 10))
+            return part
+
+        dead = plant("a", victim)  # the victim's, its lock free: left behind
+        claimed = plant("b", victim)  # a producer claimed it since (holds the lock)
+        held = os.open(shared / f"{'b' * 40}.lock", os.O_RDWR)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        others = plant("c", other)  # a live worker's (a whole pack, not published)
+        half_meta = shared / f"{'d' * 40}.meta.{victim}"
+        half_meta.write_text('{"size": ')
+        others_meta = shared / f"{'e' * 40}.meta.{other}"
+        others_meta.write_text('{"size": ')
+        try:
+            os.kill(victim, signal.SIGKILL)
+            srv.wait_for_line(f"(pid {victim}) killed by SIGKILL", 10)
+            poll(lambda: not dead.exists() and not half_meta.exists(), 10,
+                 "the killed worker's unfinished files gone")
+            assert claimed.exists() and others.exists() and others_meta.exists()
+        finally:
+            os.close(held)
+    finally:
+        srv.stop()
+
+
+def _disk_bytes(directory: Path) -> int:
+    """Bytes of every file under ``directory`` (the pack cache and the closure store)."""
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def test_shared_cache_directory_stays_within_the_size_in_all(git: Git, tmp_path: Path) -> None:
+    """Two workers, one --pack-cache-dir of 1.5 MB, clones of six branches of 600 KiB each
+    (3.6 MB of packs): each worker keeps half of the size, so the directory (packs,
+    metadata, closures) never holds more than the setting, not twice it."""
+    root, work = tmp_path / "root", tmp_path / "work"
+    git.run("init", "-q", "-b", "b0", str(work))
+    c = Committer(git, work)
+    rng = random.Random(2)
+    for b in range(6):
+        if b:
+            git.run("switch", "-q", "--orphan", f"b{b}", cwd=work)
+        c.commit({f"b{b}.bin": rng.randbytes(600 << 10)}, f"branch {b}")
+    git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / "app.git"))
+    git.run("--git-dir", str(root / "app.git"), "repack", "-adq", "--write-bitmap-index")
+    cap, cache = 1_500_000, tmp_path / "cache"
+    srv = _start(root, ("--pack-cache-dir", str(cache), "--pack-cache-size", str(cap)))
+    try:
+        [shared] = cache.glob("gitspout-packcache-*")
+        for b in range(6):
+            dest = tmp_path / f"b{b}.git"
+            git.run("clone", "--bare", "-q", "--single-branch", "-b", f"b{b}",
+                    f"http://127.0.0.1:{srv.port}/app.git", str(dest))
+            fsck(git, dest)
+            # Its producer has published its pack or was evicted: the disk is settled.
+            poll(lambda: not list(shared.glob("*.part")), 20, "no pack being written")
+            assert _disk_bytes(cache) <= cap, sorted(
+                (f.name, f.stat().st_size) for f in cache.rglob("*") if f.is_file())
+        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        assert generated > 2 * cap  # the cache was asked to hold more than twice its size
+        evicted = _samples(srv.port, "gitspout_pack_cache_evictions_total")
+        assert evicted['{reason="size"}'] >= 3
+        assert _samples(srv.port, "gitspout_pack_cache_limit_bytes")[""] <= cap
+    finally:
+        srv.stop()
+
+
 def _owners(directory: Path) -> dict[str, int]:
     """The published packs of a shared cache directory and the pid of their producer."""
     import json
@@ -457,6 +536,10 @@ def test_one_producer_per_key_across_processes(tmp_path: Path, publish: bool) ->
         assert cacheshare.claim(str(tmp_path), key).kind == "adopt"
     else:
         assert meta is None
+        part = Path(cacheshare.pack_path(str(tmp_path), key)).with_suffix(".part")
+        assert part.exists()  # what the dead producer left, outside every worker's share
+        assert cacheshare.forget_producer(str(tmp_path), pid + 1) == 0  # not that one's
+        assert cacheshare.forget_producer(str(tmp_path), pid) == 1 and not part.exists()
         again = cacheshare.claim(str(tmp_path), key)  # the dead producer's lock is free
         assert again.kind == "produce" and os.path.getsize(again.part) == 0
         cacheshare.release(again.lock)
