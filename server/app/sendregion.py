@@ -16,6 +16,11 @@ cuts it as it cuts any response, and the drain (drain.py) waits for these bytes 
 socket's send queue like for any others. A cut aborts the transport, which cancels the
 handler (aiohttp's handler cancellation) where it waits here; a wait also looks at the
 transport every :data:`CHECK` seconds, for a server that does not cancel its handlers.
+
+The files of gitspout's own (bundles, blob packs: filesend.py) go out by the same sender,
+one region each, with the choices it keeps for them: a wait for the socket bounded by
+their ``timeout``, their bytes not counted as aiohttp's, and a file that fails mid-region
+an ``OSError`` for their caller rather than a cut here.
 """
 
 from __future__ import annotations
@@ -46,7 +51,14 @@ class SocketSender:
     """Regions of files and small byte strings sent into one response's socket, in order,
     framed as the response's transfer coding wants (chunked or not)."""
 
-    def __init__(self, request: web.BaseRequest, record: RequestRecord | None = None) -> None:
+    def __init__(self, request: web.BaseRequest, record: RequestRecord | None = None, *,
+                 timeout: float = 0.0, count_output: bool = True,
+                 cut_bad_file: bool = True) -> None:
+        """``timeout``: longest wait for the socket to take more, the client cut after it
+        (0: none, the send watch cuts). ``count_output``: the kernel's bytes count in the
+        writer's ``output_size`` (what the send watch measures). ``cut_bad_file``: a file
+        that fails or ends early mid-region cuts the connection here; else its OSError
+        goes to the caller."""
         self._request = request
         self._transport: Any = request.transport
         self._writer: Any = request.writer
@@ -55,6 +67,9 @@ class SocketSender:
         self._pending = bytearray()
         self._sock: socket.socket | None = None
         self._since_yield = 0
+        self._timeout = timeout
+        self._count_output = count_output
+        self._cut_bad_file = cut_bad_file
         self.sent = 0  # bytes the kernel took from this sender
 
     @staticmethod
@@ -69,15 +84,19 @@ class SocketSender:
                 and isinstance(writer, StreamWriter)
                 and transport.get_extra_info("sslcontext") is None)
 
-    async def start(self, first: bytes = b"") -> None:
+    async def start(self, first: bytes = b"", limit: float = 0.0) -> None:
         """Headers out, the transport's buffer empty, the socket ours until :meth:`finish`;
-        ``first`` (bytes a writer still held) goes before anything else."""
+        ``first`` (bytes a writer still held) goes before anything else. ``limit``: the
+        longest wait, in all, for the transport's buffer to empty (0: none)."""
+        self._check_open()
         self._writer.send_headers()
         transport = self._transport
         # Nearly always empty already: uvloop writes at once what the socket takes. A
         # socket full since before the pack: wait for the transport to get it out (a
         # client that never reads is cut by the send watch meanwhile).
         self._check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
         sock = transport.get_extra_info("socket")
         # Family and type given: no syscall to find them out. The descriptor shares the
         # connection's O_NONBLOCK: a send the socket cannot take raises BlockingIOError.
@@ -85,7 +104,9 @@ class SocketSender:
         while transport.get_write_buffer_size():
             # Woken when the socket takes more (not polled), then the transport's own
             # writer gets its turn to write its buffer out.
-            await self._writable()
+            if limit and loop.time() >= deadline:
+                raise ConnectionResetError("client stopped reading the headers")
+            await self._writable(deadline - loop.time() if limit else 0.0)
             await asyncio.sleep(0)
         self.add(first)
 
@@ -115,13 +136,17 @@ class SocketSender:
             try:
                 sent = os.sendfile(out, fd, offset, min(count, PIECE))
             except BlockingIOError:
-                await self._writable()
+                await self._writable(self._timeout)
                 continue
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionResetError(str(exc)) from None
             except OSError as exc:  # reading the file failed: the region can never end
+                if not self._cut_bad_file:
+                    raise
                 raise self._cut(f"cannot send a cached file: {exc}") from exc
             if sent == 0:
+                if not self._cut_bad_file:
+                    raise OSError("file shrank while being sent")
                 raise self._cut(f"a cached file ended {count} bytes early")
             self._count(sent)
             if self._record is not None:
@@ -159,7 +184,7 @@ class SocketSender:
             try:
                 n = self._sock.send(view, flags)
             except BlockingIOError:
-                await self._writable()
+                await self._writable(self._timeout)
                 continue
             except OSError as exc:  # any error of the socket: the connection is gone
                 self._transport.abort()
@@ -170,7 +195,8 @@ class SocketSender:
     def _count(self, n: int) -> None:
         """``n`` bytes (framing included) the kernel took in one call."""
         self.sent += n
-        self._writer.output_size += n  # what the send watch measures progress by
+        if self._count_output:
+            self._writer.output_size += n  # what the send watch measures progress by
         if self._record is not None:
             self._record.writes += 1
 
@@ -182,17 +208,21 @@ class SocketSender:
         return ConnectionResetError(why)
 
     def _check_open(self) -> None:
-        if self._transport.is_closing():
+        if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError("connection lost")
 
-    async def _writable(self) -> None:
-        """Until the socket takes more (or the connection is cut)."""
+    async def _writable(self, timeout: float = 0.0) -> None:
+        """Until the socket takes more (or the connection is cut); after ``timeout``
+        seconds (0: no limit) of nothing taken, the client is cut. A bare future and one
+        timer: a download waits here once per socket buffer it empties, and
+        ``asyncio.wait_for`` (a task each time) was most of a bundle GET's Python time."""
         self._check_open()
         assert self._sock is not None
         fd = self._sock.fileno()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         timer: asyncio.TimerHandle | None = None
+        deadline = loop.time() + timeout
 
         def ready() -> None:
             if not fut.done():
@@ -202,10 +232,15 @@ class SocketSender:
             nonlocal timer
             if self._transport.is_closing():
                 ready()
-            else:
-                timer = loop.call_later(CHECK, look)
+                return
+            left = deadline - loop.time() if timeout else CHECK
+            if left <= 0:
+                if not fut.done():
+                    fut.set_exception(ConnectionResetError("client stopped reading"))
+                return
+            timer = loop.call_later(min(CHECK, left), look)
 
-        timer = loop.call_later(CHECK, look)
+        timer = loop.call_later(min(CHECK, timeout) if timeout else CHECK, look)
         loop.add_writer(fd, ready)
         try:
             await fut
