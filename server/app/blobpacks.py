@@ -14,8 +14,9 @@ share it (the repository directory is never written), keyed by content:
 - ``write.lock``: one writer at a time across processes (``flock``); writes are rare.
 
 Served at ``<repo>/gitspout-blobpack/BLOB-SUM.pack`` with ``Range`` and ``sendfile``
-(filesend.py), only to a request whose visible refs reach the blob (I7): 404 otherwise,
-for a name that is not one, and for a pack this server does not hold.
+(filesend.py), only to a request whose visible refs reach the blob (I7, decided by
+core/blobaccess.py): 404 otherwise, for a name that is not one, and for a pack this
+server does not hold.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from typing import Any
 from aiohttp import web
 
 from ..core.bigblobs import BlobUriPolicy, LargeBlob
+from ..core.blobaccess import may_have_blob
 from ..core.context import RequestContext
-from ..graph.reachability import check_wants
 from .bundles import OffloadMetrics
 from .cachedir import make_directory, reclaim_orphans, remove_files, unlink_quietly
 from .config import Config
@@ -181,16 +182,13 @@ class BlobPackStore:
     # -- serving -----------------------------------------------------------------
 
     def file_for(self, ctx: RequestContext, name: str) -> str | None:
-        """The path of the pack called ``name``, if this server holds it and this request's
-        visible refs reach its blob (blocking)."""
+        """The path of the pack called ``name``, if this server holds it and this request
+        may have its blob (core/blobaccess.py; blocking)."""
         m = NAME.fullmatch(name)
-        if m is None or ctx.namespace:
+        if m is None:
             return None
         path = os.path.join(self.dir, name)
-        if not os.path.exists(path):
-            return None
-        blob = bytes.fromhex(m.group(1))
-        if check_wants(ctx.src, [blob], ctx.tips(), ctx.pack_caches.closures) is not None:
+        if not os.path.exists(path) or not may_have_blob(ctx, bytes.fromhex(m.group(1))):
             return None
         return path
 

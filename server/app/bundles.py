@@ -10,7 +10,9 @@ A bundle is offered, and served, only to a request whose visible refs reach ever
 it (``core/bundlerefs.py``): never under a namespace, never once a ref it holds is hidden.
 Once refs have moved by ``--bundle-refresh-refs`` it is stale: no longer offered, and the
 next full clone writes its successor (the next creation token). Whether a bundle is stale
-and may be offered is decided once per ref state and kept (``_verdict``).
+and may be offered is decided once per ref state and kept (``_verdict``), under a digest of
+the state (core/refdigest.py) and a weak reference to the bundle: a verdict kept for a
+repository never keeps its refs (100k refs: megabytes) or an old bundle's alive.
 
 With ``--workers`` every worker counts, writes, offers and serves the same bundles: the
 files, the clone counts and the writer's lock live in one directory of the master's
@@ -23,6 +25,7 @@ import logging
 import os
 import tempfile
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from ..core.bundlerefs import bundle_order, bundle_refs, may_offer, refs_moved
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
+from ..core.refdigest import ref_state_digest
 from ..packgen import PackStream
 from .bundleshare import Bundle, BundleFiles
 from .cachedir import make_directory, reclaim_orphans, unlink_quietly
@@ -101,8 +105,10 @@ class BundleStore:
             self.dir, self._dir_lock = make_directory(base)
         self.files = BundleFiles(self.dir)
         # What a ref state makes of each repository's bundle: one verdict per repository
-        # (its latest ref state), so a bundle-uri command costs a stat and a lookup.
-        self._verdicts: dict[str, tuple[tuple[object, ...], Bundle, bool, bool]] = {}
+        # (its latest ref state), so a bundle-uri command costs a stat and a lookup. Keyed
+        # by a digest of the state, not the state (whose segments hold every ref), and
+        # the bundle weakly: an entry is ~200 bytes, however many refs the repository has.
+        self._verdicts: dict[str, tuple[bytes, weakref.ref[Bundle], bool, bool]] = {}
         self._lock = threading.Lock()
 
     # -- offering (pool) -------------------------------------------------------
@@ -139,17 +145,17 @@ class BundleStore:
     def _verdict(self, tag: str, ctx: RequestContext, bundle: Bundle) -> tuple[bool, bool]:
         """(stale, may be offered) of ``bundle`` for this request's ref state, computed
         once per ref state (and bundle): the visible refs of 100k refs take 0.1 s."""
-        key = ctx.ref_state_key()
+        key = ref_state_digest(ctx)  # changes with any ref, HEAD or hideRefs
         with self._lock:
             hit = self._verdicts.get(tag)
-        if hit is not None and hit[0] == key and hit[1] is bundle:
+        if hit is not None and hit[0] == key and hit[1]() is bundle:
             return hit[2], hit[3]
         stale = refs_moved(bundle.refs, bundle_refs(ctx)) >= self.cfg.bundle_refresh_refs
         offer = not stale and may_offer(ctx, bundle.refs)
         with self._lock:
             if len(self._verdicts) >= REPOS_SWEEP:
                 self._verdicts.clear()
-            self._verdicts[tag] = (key, bundle, stale, offer)
+            self._verdicts[tag] = (key, weakref.ref(bundle), stale, offer)
         return stale, offer
 
     def file_for(self, ctx: RequestContext, name: str) -> Bundle | None:

@@ -12,11 +12,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from appkit import APP_TIMEOUT, make_state
+from gitspout.server.app.bundleshare import Bundle
+from gitspout.server.app.http import RUNNER_KWARGS, make_app
+from gitspout.server.store.packedrefs import RefSegment
+from gitspout.server.store.refsnapshot import RefSnapshot
 from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
 from offloadkit import new_git
 from rawhttp import FLUSH, metric, parse_pkts, pkt_lines, post_upload_pack, request
@@ -215,3 +224,74 @@ def test_over_size_cap_not_kept(git: Git, tmp_path: Path, b_root: Path,
     finally:
         srv.stop()
     assert list((where / "gitspout-bundles").iterdir()) == []  # removed at shutdown
+
+
+def _closure(root: object) -> list[object]:
+    """Every object ``root`` keeps alive (strong references only: a weakref is a leaf)."""
+    seen: dict[int, object] = {}
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) not in seen:
+            seen[id(obj)] = obj
+            todo.extend(gc.get_referents(obj))
+    return list(seen.values())
+
+
+def test_verdict_pins_no_refs(git: Git, tmp_path: Path, b_root: Path) -> None:
+    """In-process, against the real app on 127.0.0.1: the verdict kept for a repository
+    holds a digest of its ref state, not its ref segments (nothing of the refs is kept
+    alive by it), and a moved ref, a hidden ref or a hideRefs change gets a new verdict
+    with a real clone and real bundle-uri requests."""
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = root / "keyed.git"
+    git.run("clone", "-q", "--bare", str(b_root / "repo.git"), str(repo))
+    git.run("config", "uploadpack.hideRefs", "refs/hidden", cwd=repo)
+    state = make_state(root, bundles=True, bundle_after=1, bundle_refresh_refs=1,
+                       bundle_dir=str(tmp_path / "bundles"))
+    store = state.bundles
+    assert store is not None
+
+    def listed(port: int) -> dict[str, str]:
+        resp = post_upload_pack(port, BUNDLE_CMD, "keyed.git", version=2)
+        assert resp.status == 200
+        return dict(p.decode().partition("=")[::2] for p in parse_pkts(resp.body)
+                    if p is not None)
+
+    def entry() -> tuple[object, ...]:
+        (verdict,) = store._verdicts.values()
+        return verdict
+
+    def body(port: int) -> None:
+        _clone(git, f"http://127.0.0.1:{port}/keyed.git", tmp_path / "c1")
+        first = poll(lambda: listed(port) or None, 20, "a bundle offered")
+        verdict = entry()
+        assert isinstance(verdict[0], bytes) and len(verdict[0]) == 32
+        kept = _closure(verdict)
+        assert not [o for o in kept if isinstance(o, (RefSegment, RefSnapshot, Bundle))]
+        assert sum(sys.getsizeof(o) for o in kept) < 512
+        assert listed(port) == first and entry()[0] == verdict[0]  # same state: kept
+        # A ref hidden now that the bundle holds: a new verdict, nothing offered.
+        git.run("config", "--add", "uploadpack.hideRefs", "refs/tags", cwd=repo)
+        assert listed(port) == {}
+        hidden = entry()[0]
+        assert hidden != verdict[0]
+        git.run("config", "--unset", "uploadpack.hideRefs", "refs/tags", cwd=repo)
+        assert listed(port) == first
+        # A moved ref (threshold 1): stale, a new verdict; moved back, offered again.
+        side = git.out("rev-parse", "refs/heads/side", cwd=repo).strip()
+        git.run("update-ref", "refs/heads/side", "refs/heads/main", cwd=repo)
+        assert listed(port) == {}
+        assert entry()[0] not in (verdict[0], hidden)
+        git.run("update-ref", "refs/heads/side", side, cwd=repo)
+        assert listed(port) == first
+
+    async def serve() -> None:
+        server = TestServer(make_app(state), host="127.0.0.1", **RUNNER_KWARGS)
+        async with TestClient(server) as client:
+            port = client.server.port
+            assert port is not None
+            await asyncio.to_thread(body, port)
+
+    asyncio.run(asyncio.wait_for(serve(), APP_TIMEOUT))
