@@ -225,7 +225,7 @@ async def serve_blob_pack(store: BlobPackStore, ctx: RequestContext, name: str,
     try:
         if path is None:
             raise FileNotFoundError(name)
-        resp = await send_file(request, path, store.cfg.send_timeout)
+        resp = await send_file(request, path)
     except FileNotFoundError:
         store.metrics.blob_pack_requests.labels("missing").inc()
         return web.Response(status=404, text="no such pack\n")

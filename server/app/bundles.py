@@ -275,7 +275,7 @@ async def serve_bundle(store: BundleStore, ctx: RequestContext, name: str,
         if bundle is None:
             raise FileNotFoundError(name)
         # Replaced or evicted between the lookup and the open: gone, as if never there.
-        resp = await send_file(request, bundle.path, store.cfg.send_timeout)
+        resp = await send_file(request, bundle.path)
     except FileNotFoundError:
         store.metrics.bundle_requests.labels("missing").inc()
         return web.Response(status=404, text="no such bundle\n")

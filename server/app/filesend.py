@@ -43,10 +43,11 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None | bool:
     return start, stop
 
 
-async def send_file(request: web.Request, path: str, timeout: float,
+async def send_file(request: web.Request, path: str,
                     content_type: str = "application/octet-stream") -> web.StreamResponse:
-    """The file at ``path``, whole or the range asked for. ``timeout``: longest wait for
-    the client to take more bytes (0: none); a client that stops is cut."""
+    """The file at ``path``, whole or the range asked for. A client that stops reading,
+    or reads too slowly, is cut by the send watch (``--send-timeout``,
+    ``--send-min-rate``), as for any response."""
     fd = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(fd)
@@ -64,22 +65,23 @@ async def send_file(request: web.Request, path: str, timeout: float,
         resp.content_length = stop - start
         await resp.prepare(request)
         if request.method != "HEAD" and stop > start:
-            await _send(request, fd, start, stop - start, timeout)
+            await _send(request, fd, start, stop - start)
         await resp.write_eof()
         return resp
     finally:
         os.close(fd)
 
 
-async def _send(request: web.Request, fd: int, offset: int, count: int,
-                timeout: float) -> None:
-    """``count`` bytes of ``fd`` from ``offset`` after the headers. ``timeout`` bounds each
-    wait for the socket (the headers' wait, in all: 60 s when 0). As before the sender was
-    shared: these bytes are not counted in the writer's ``output_size``, and a file that
-    fails or shrinks raises its OSError here rather than cutting the connection."""
-    sender = SocketSender(request, timeout=timeout, count_output=False, cut_bad_file=False)
+async def _send(request: web.Request, fd: int, offset: int, count: int) -> None:
+    """``count`` bytes of ``fd`` from ``offset`` after the headers. The bytes count in the
+    writer's ``output_size``: the send watch sees a slow download progress (a download
+    used to be cut once one wait for the socket outlasted ``--send-timeout``, which a
+    client slower than a socket buffer per timeout always met). A file that fails or
+    shrinks mid-send cuts the connection: the client sees a short body, never a wrong
+    one."""
+    sender = SocketSender(request)
     try:
-        await sender.start(limit=timeout or 60.0)
+        await sender.start()
         await sender.sendfile(fd, offset, count)
         await sender.finish()
     finally:

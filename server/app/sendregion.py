@@ -18,9 +18,8 @@ handler (aiohttp's handler cancellation) where it waits here; a wait also looks 
 transport every :data:`CHECK` seconds, for a server that does not cancel its handlers.
 
 The files of gitspout's own (bundles, blob packs: filesend.py) go out by the same sender,
-one region each, with the choices it keeps for them: a wait for the socket bounded by
-their ``timeout``, their bytes not counted as aiohttp's, and a file that fails mid-region
-an ``OSError`` for their caller rather than a cut here.
+one region each, under the same rules: the send watch judges their client, and a file
+that fails mid-region cuts the connection.
 """
 
 from __future__ import annotations
@@ -51,14 +50,10 @@ class SocketSender:
     """Regions of files and small byte strings sent into one response's socket, in order,
     framed as the response's transfer coding wants (chunked or not)."""
 
-    def __init__(self, request: web.BaseRequest, record: RequestRecord | None = None, *,
-                 timeout: float = 0.0, count_output: bool = True,
-                 cut_bad_file: bool = True) -> None:
-        """``timeout``: longest wait for the socket to take more, the client cut after it
-        (0: none, the send watch cuts). ``count_output``: the kernel's bytes count in the
-        writer's ``output_size`` (what the send watch measures). ``cut_bad_file``: a file
-        that fails or ends early mid-region cuts the connection here; else its OSError
-        goes to the caller."""
+    def __init__(self, request: web.BaseRequest, record: RequestRecord | None = None) -> None:
+        """Every byte the kernel takes counts in the writer's ``output_size`` (what the
+        send watch measures progress by); a file that fails or ends early mid-region cuts
+        the connection."""
         self._request = request
         self._transport: Any = request.transport
         self._writer: Any = request.writer
@@ -67,9 +62,6 @@ class SocketSender:
         self._pending = bytearray()
         self._sock: socket.socket | None = None
         self._since_yield = 0
-        self._timeout = timeout
-        self._count_output = count_output
-        self._cut_bad_file = cut_bad_file
         self.sent = 0  # bytes the kernel took from this sender
 
     @staticmethod
@@ -84,10 +76,9 @@ class SocketSender:
                 and isinstance(writer, StreamWriter)
                 and transport.get_extra_info("sslcontext") is None)
 
-    async def start(self, first: bytes = b"", limit: float = 0.0) -> None:
+    async def start(self, first: bytes = b"") -> None:
         """Headers out, the transport's buffer empty, the socket ours until :meth:`finish`;
-        ``first`` (bytes a writer still held) goes before anything else. ``limit``: the
-        longest wait, in all, for the transport's buffer to empty (0: none)."""
+        ``first`` (bytes a writer still held) goes before anything else."""
         self._check_open()
         self._writer.send_headers()
         transport = self._transport
@@ -95,8 +86,6 @@ class SocketSender:
         # socket full since before the pack: wait for the transport to get it out (a
         # client that never reads is cut by the send watch meanwhile).
         self._check_open()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
         sock = transport.get_extra_info("socket")
         # Family and type given: no syscall to find them out. The descriptor shares the
         # connection's O_NONBLOCK: a send the socket cannot take raises BlockingIOError.
@@ -104,9 +93,7 @@ class SocketSender:
         while transport.get_write_buffer_size():
             # Woken when the socket takes more (not polled), then the transport's own
             # writer gets its turn to write its buffer out.
-            if limit and loop.time() >= deadline:
-                raise ConnectionResetError("client stopped reading the headers")
-            await self._writable(deadline - loop.time() if limit else 0.0)
+            await self._writable()
             await asyncio.sleep(0)
         self.add(first)
 
@@ -136,18 +123,14 @@ class SocketSender:
             try:
                 sent = os.sendfile(out, fd, offset, min(count, PIECE))
             except BlockingIOError:
-                await self._writable(self._timeout)
+                await self._writable()
                 continue
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionResetError(str(exc)) from None
             except OSError as exc:  # reading the file failed: the region can never end
-                if not self._cut_bad_file:
-                    raise
-                raise self._cut(f"cannot send a cached file: {exc}") from exc
+                raise self._cut(f"cannot send a file: {exc}") from exc
             if sent == 0:
-                if not self._cut_bad_file:
-                    raise OSError("file shrank while being sent")
-                raise self._cut(f"a cached file ended {count} bytes early")
+                raise self._cut(f"a file ended {count} bytes early")
             self._count(sent)
             if self._record is not None:
                 self._record.bytes += sent
@@ -184,7 +167,7 @@ class SocketSender:
             try:
                 n = self._sock.send(view, flags)
             except BlockingIOError:
-                await self._writable(self._timeout)
+                await self._writable()
                 continue
             except OSError as exc:  # any error of the socket: the connection is gone
                 self._transport.abort()
@@ -195,8 +178,7 @@ class SocketSender:
     def _count(self, n: int) -> None:
         """``n`` bytes (framing included) the kernel took in one call."""
         self.sent += n
-        if self._count_output:
-            self._writer.output_size += n  # what the send watch measures progress by
+        self._writer.output_size += n  # what the send watch measures progress by
         if self._record is not None:
             self._record.writes += 1
 
@@ -211,18 +193,17 @@ class SocketSender:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError("connection lost")
 
-    async def _writable(self, timeout: float = 0.0) -> None:
-        """Until the socket takes more (or the connection is cut); after ``timeout``
-        seconds (0: no limit) of nothing taken, the client is cut. A bare future and one
-        timer: a download waits here once per socket buffer it empties, and
-        ``asyncio.wait_for`` (a task each time) was most of a bundle GET's Python time."""
+    async def _writable(self) -> None:
+        """Until the socket takes more (or the connection is cut: the transport is looked
+        at every :data:`CHECK` seconds). A bare future and one timer: a download waits
+        here once per socket buffer it empties, and ``asyncio.wait_for`` (a task each
+        time) was most of a bundle GET's Python time."""
         self._check_open()
         assert self._sock is not None
         fd = self._sock.fileno()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         timer: asyncio.TimerHandle | None = None
-        deadline = loop.time() + timeout
 
         def ready() -> None:
             if not fut.done():
@@ -232,15 +213,10 @@ class SocketSender:
             nonlocal timer
             if self._transport.is_closing():
                 ready()
-                return
-            left = deadline - loop.time() if timeout else CHECK
-            if left <= 0:
-                if not fut.done():
-                    fut.set_exception(ConnectionResetError("client stopped reading"))
-                return
-            timer = loop.call_later(min(CHECK, left), look)
+            else:
+                timer = loop.call_later(CHECK, look)
 
-        timer = loop.call_later(min(CHECK, timeout) if timeout else CHECK, look)
+        timer = loop.call_later(CHECK, look)
         loop.add_writer(fd, ready)
         try:
             await fut

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -295,3 +299,77 @@ def test_verdict_pins_no_refs(git: Git, tmp_path: Path, b_root: Path) -> None:
             await asyncio.to_thread(body, port)
 
     asyncio.run(asyncio.wait_for(serve(), APP_TIMEOUT))
+
+
+def _bundle_server(git: Git, tmp_path: Path, *extra: str) -> tuple[LiveServer, str]:
+    """A server with one repository of a 6 MiB bundle (incompressible: more than the
+    socket buffers hold), written; the bundle's path on it."""
+    root, work = tmp_path / "root", tmp_path / "w"
+    root.mkdir()
+    git.run("init", "-q", "-b", "main", str(work))
+    (work / "big.bin").write_bytes(os.urandom(6 << 20))
+    Committer(git, work).commit({"f.txt": "x\n"}, "big")
+    git.run("clone", "-q", "--bare", str(work), str(root / "repo.git"))
+    srv = start_server(root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-dir", str(tmp_path / "bundles"), *extra])
+    try:
+        listed = _written(git, srv, "repo.git", tmp_path, 1)
+    except BaseException:
+        srv.stop()
+        raise
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    return srv, uri.split(str(srv.port), 1)[1]
+
+
+def _get(port: int, path: str, pace: float) -> tuple[bytes, float]:
+    """GET ``path`` with a 16 KiB receive buffer, reading every ``pace`` seconds (the
+    client's speed, not a synchronisation)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+                     .encode())
+        start = time.monotonic()
+        raw = bytearray()
+        try:
+            while chunk := sock.recv(16 << 10):
+                raw += chunk
+                time.sleep(pace)
+        except ConnectionResetError:
+            pass
+        return bytes(raw), time.monotonic() - start
+
+
+def test_a_slow_download_outlasting_the_send_timeout_is_not_cut(
+        git: Git, tmp_path: Path) -> None:
+    """A bundle read slowly but steadily (~1.5 MB/s) for several times ``--send-timeout``
+    arrives whole: the send watch sees its bytes leave. Before, a download was cut once
+    one wait for the socket outlasted the timeout (the socket takes more only when a third
+    of its megabytes of buffer are free), and the send watch saw none of the file's bytes:
+    at the default 60 s, any client slower than about 20 KB/s."""
+    srv, path = _bundle_server(git, tmp_path, "--send-timeout", "0.5")
+    try:
+        raw, took = _get(srv.port, path, 0.01)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
+        assert len(body) == length > 6 << 20 and body.startswith(b"# v2 git bundle\n")
+        assert took > 1.0, "the download must outlast --send-timeout to mean anything"
+    finally:
+        srv.stop()
+
+
+def test_a_bundle_reader_that_stops_is_cut(git: Git, tmp_path: Path) -> None:
+    """A client that never reads its bundle is cut by the send watch after
+    ``--send-timeout``, as any response's, and its request ends."""
+    srv, path = _bundle_server(git, tmp_path, "--send-timeout", "0.5")
+    kind = 'gitspout_connection_timeouts_total{kind="send"}'
+    try:
+        before = metric(srv.port, kind, 0)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h\r\n\r\n".encode())
+            poll(lambda: metric(srv.port, kind, 0) == before + 1, 30, "the reader cut")
+            poll(lambda: metric(srv.port, "gitspout_requests_in_flight", 0) == 0, 30,
+                 "the request ended")
+    finally:
+        srv.stop()
