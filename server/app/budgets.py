@@ -63,7 +63,10 @@ class Budgets:
     auth_threads: int
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Budgets:
+    def from_config(cls, cfg: Config, workers: int = 1) -> Budgets:
+        """``workers``: how many processes share the pod's budgets (``cfg`` holds this
+        one's share, workers.py); the closure store, whose one directory every worker
+        counts whole, gets the pod's sixteenth, the pack cache the rest of the share."""
         closures = cfg.pack_cache_size // CLOSURE_SHARE if cfg.closure_store else 0
         return cls(
             memory=MemoryBudget(cfg.cache_memory),
@@ -78,7 +81,7 @@ class Budgets:
                                          SendLimits(cfg.send_timeout, cfg.send_min_rate)),
             pack_cache=PackCacheLimits(cfg.pack_cache_size - closures, cfg.pack_cache_dir,
                                        cfg.pack_cache_ttl, cfg.pack_cache_on),
-            closure_store=closures,
+            closure_store=closures * max(1, workers),
             output_buffer=cfg.output_buffer,
             threads=cfg.threads,
             threads_per_repo=cfg.threads_per_repo,

@@ -71,7 +71,8 @@ async def serve(cfg: Config, ready: asyncio.Event | None = None,
     signals = Signals(asyncio.get_running_loop(), cfg)
     state = ServerState.create(cfg, link.cache_dir if link is not None else "",
                                link.bundle_dir if link is not None else "",
-                               link.blob_dir if link is not None else "")
+                               link.blob_dir if link is not None else "",
+                               link.workers if link is not None else 1)
     signals.state = state
     listeners: list[asyncio.Server] = []
     runners: list[web.AppRunner] = []

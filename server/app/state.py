@@ -77,11 +77,11 @@ class ServerState:
 
     @classmethod
     def create(cls, cfg: Config, shared_cache: str = "", shared_bundles: str = "",
-               shared_blobs: str = "") -> ServerState:
+               shared_blobs: str = "", workers: int = 1) -> ServerState:
         """Everything built once from the config; each budget handed to its enforcer.
         ``shared_cache``, ``shared_bundles``, ``shared_blobs``: the pack-cache, bundle and
-        blob-pack directories a master shares among its workers."""
-        budgets = Budgets.from_config(cfg)
+        blob-pack directories a master shares among its workers, ``workers`` of them."""
+        budgets = Budgets.from_config(cfg, workers)
         if shared_cache:
             budgets = replace(budgets, pack_cache=replace(budgets.pack_cache,
                                                           shared=shared_cache))
@@ -93,7 +93,7 @@ class ServerState:
         disk = None
         if budgets.closure_store > 0:
             disk = ClosureStore(budgets.pack_cache.directory or tempfile.gettempdir(),
-                                budgets.closure_store)
+                                budgets.closure_store, shared=workers > 1)
         state = cls(
             cfg, budgets,
             RepoResolver(root, allow, memory),

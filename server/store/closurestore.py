@@ -23,10 +23,11 @@ pid); one whose identity differs (its pack was replaced) ``stale``. Files live i
 a file planted there by someone else could make the server send objects nobody may
 have), never in the repositories. They hold at most ``max_bytes`` together (a fixed share
 of ``--pack-cache-size``): past it, the least recently used go first (a load touches its
-file's mtime). With ``--workers N`` each worker's ``max_bytes`` is a sixteenth of its Nth
-of the size; one that counts past it (what it found at start and at its last trim, and what
-it wrote since) trims the whole shared directory, everyone's files, to three quarters of
-it, so the directory holds at most about N of those shares: the sixteenth of the setting.
+file's mtime). A store ``shared`` by the workers of ``--workers N`` has the pod's whole
+sixteenth as ``max_bytes`` in each worker and counts the directory again after each of
+its writes (the other workers write there too), so the one directory holds at most that
+sixteenth, everyone's files; one store alone counts what it found at start and what it
+wrote since. Past the budget the whole directory is trimmed to three quarters of it.
 Writes are done by a background thread after the walk, never by a request.
 """
 
@@ -95,9 +96,10 @@ class ClosureStore:
     """Records on the local disk, shared by the processes using the same base directory
     (workers, and the next process after a restart)."""
 
-    def __init__(self, base: str, max_bytes: int) -> None:
+    def __init__(self, base: str, max_bytes: int, shared: bool = False) -> None:
         self.root = os.path.join(base, STORE_DIR)
         self.max_bytes = max_bytes
+        self.shared = shared  # other processes write in the directory (module doc)
         self.stats = ClosureStoreStats()
         self._lock = threading.Lock()
         self._swept: set[tuple[str, str]] = set()
@@ -227,8 +229,9 @@ class ClosureStore:
             except OSError:
                 pass
             raise
+        total = self._scan_bytes() if self.shared else None  # a directory listing
         with self._lock:
-            self.stats.bytes += len(data) - old
+            self.stats.bytes = total if total is not None else self.stats.bytes + len(data) - old
             self.stats.results["written"] += 1
             over = self.stats.bytes > self.max_bytes
         if over:
