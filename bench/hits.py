@@ -90,25 +90,12 @@ while True:
 """
 
 
-# The least an aiohttp server can do for the same answer (uvloop, as gitspout): read the
-# request, send headers, then the file by os.sendfile on a duplicate of the socket
-# (server/app/filesend.py's way), waiting for writability when the socket is full.
-AIOHTTP_SENDFILE = r"""
-import asyncio, os, sys
-import uvloop
-from aiohttp import web
-
-PATH = sys.argv[1]
-
-async def handle(request):
-    await request.read()
-    size = os.stat(PATH).st_size
-    resp = web.StreamResponse(headers={"Content-Type": "application/x-git-upload-pack-result"})
-    resp.content_length = size
-    await resp.prepare(request)
-    request.writer.send_headers()
+# The file PATH by os.sendfile on a duplicate of a transport's socket (server/app/
+# filesend.py's way), waiting for writability when the socket is full: both floors below.
+SEND_PATH = r"""
+async def send_path(transport, size):
     loop = asyncio.get_running_loop()
-    out = os.dup(request.transport.get_extra_info("socket").fileno())
+    out = os.dup(transport.get_extra_info("socket").fileno())
     fd = os.open(PATH, os.O_RDONLY)
     try:
         off = 0
@@ -125,6 +112,26 @@ async def handle(request):
     finally:
         os.close(fd)
         os.close(out)
+"""
+
+# The least an aiohttp server can do for the same answer (uvloop, as gitspout): read the
+# request, send headers, then the file by SEND_PATH.
+AIOHTTP_SENDFILE = r"""
+import asyncio, os, sys
+import uvloop
+from aiohttp import web
+
+PATH = sys.argv[1]
+""" + SEND_PATH + r"""
+
+async def handle(request):
+    await request.read()
+    size = os.stat(PATH).st_size
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-git-upload-pack-result"})
+    resp.content_length = size
+    await resp.prepare(request)
+    request.writer.send_headers()
+    await send_path(request.transport, size)
     await resp.write_eof()
     return resp
 
@@ -145,13 +152,14 @@ asyncio.run(main())
 
 # The same answer without aiohttp: a bare asyncio protocol on uvloop reads the request
 # head and its body (Content-Length), writes the status line and headers, sends the file
-# by os.sendfile as above, and closes. What Python and the event loop cost for these bytes
-# before any web framework: the floor of a server that kept aiohttp off its hot path.
+# by SEND_PATH, and closes. What Python and the event loop cost for these bytes before any
+# web framework: the floor of a server that kept aiohttp off its hot path.
 RAW_SENDFILE = r"""
 import asyncio, os, sys
 import uvloop
 
 PATH = sys.argv[1]
+""" + SEND_PATH + r"""
 
 class Answer(asyncio.Protocol):
     def connection_made(self, transport):
@@ -169,32 +177,17 @@ class Answer(asyncio.Protocol):
                 length = int(value)
         if len(self.buf) - end - 4 >= length:
             self.transport.pause_reading()
-            asyncio.ensure_future(self.send())
+            self.task = asyncio.ensure_future(self.send())  # kept: not collected mid-send
 
     async def send(self):
         size = os.stat(PATH).st_size
         self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: "
                              b"application/x-git-upload-pack-result\r\n"
                              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % size)
-        loop = asyncio.get_running_loop()
-        out = os.dup(self.transport.get_extra_info("socket").fileno())
-        fd = os.open(PATH, os.O_RDONLY)
         try:
-            off = 0
-            while off < size:
-                try:
-                    off += os.sendfile(out, fd, off, size - off)
-                except BlockingIOError:
-                    ready = loop.create_future()
-                    loop.add_writer(out, ready.set_result, None)
-                    try:
-                        await ready
-                    finally:
-                        loop.remove_writer(out)
+            await send_path(self.transport, size)
         finally:
-            os.close(fd)
-            os.close(out)
-        self.transport.close()
+            self.transport.close()
 
 async def main():
     server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)

@@ -20,7 +20,8 @@ limit                      setting                                 enforced (and
                            ``-on``
 ``closure_store``          ``--closure-store``: a sixteenth of     store/closurestore.py
                            ``--pack-cache-size``, taken from the
-                           pack cache's
+                           pack cache's (``--workers``: the
+                           pod's, shared by the workers)
 ``output_buffer``          ``--output-buffer``                     app/stream.py cap_output
 ``threads``                ``--threads``, ``--threads-per-repo``   app/pool.py
 ``auth_threads``           ``--auth-threads``                      app/authgate.py

@@ -10,7 +10,8 @@ the worker that answers a scrape asks every other one and merges the answers:
 - counters and histograms are summed over the workers;
 - gauges are summed too (bytes, entries, connections, threads: the pod's totals; limits
   are split between workers, so their sum is the configured one), except
-  ``process_start_time_seconds`` (the oldest) and info metrics (one);
+  ``process_start_time_seconds`` (the oldest), ``gitspout_closure_store_bytes`` (the
+  largest: each worker counts the one shared directory whole) and info metrics (one);
 - a worker that died counts with its counters and histograms as the last scrape saw them
   (``last-PID.prom``, written at every scrape): a scraped counter never goes back, so
   ``rate()`` stays right; what a worker counted after the last scrape before it died is
@@ -42,6 +43,10 @@ log = logging.getLogger("gitspout")
 ASK_TIMEOUT = 5.0  # seconds for another worker's exposition
 SUMMED = ("counter", "histogram", "summary")
 OLDEST = {"process_start_time_seconds"}
+# Gauges of one thing every worker measures whole (the closure store's one shared
+# directory): the largest, not the sum (the freshest count is the writer's, the others'
+# date from their last listing).
+WHOLE = {"gitspout_closure_store_bytes"}
 
 
 def master_status(directory: str) -> tuple[int, int, int, int]:
@@ -80,6 +85,8 @@ def merge_expositions(texts: Iterable[str], dead: Iterable[str] = ()) -> list[Me
                     into.samples[key] = s.value
                 elif fam.name in OLDEST:
                     into.samples[key] = min(old, s.value)
+                elif fam.name in WHOLE:
+                    into.samples[key] = max(old, s.value)
                 elif fam.type != "info":
                     into.samples[key] = old + s.value
     out = []

@@ -352,13 +352,6 @@ class RequestContext:
                                          + 8 * len(snap.segments) + 200)
         return self._tips
 
-    def ref_state_key(self) -> tuple[object, ...]:
-        """What this request's visible refs are a function of: the ref segments (immutable,
-        compared by identity), HEAD and the hideRefs. Equal keys, equal visible refs: an
-        answer computed from them may be kept under it across requests (I2)."""
-        self.tips()
-        return self._tips_key
-
     def present_tips(self) -> set[bytes]:
         """The tips (:meth:`tips`) already found in the object store under this ref state,
         shared by the requests that see it; the want check adds to it. A ref keeps its

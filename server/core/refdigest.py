@@ -1,10 +1,11 @@
 """A small digest of a request's ref state, for answers kept across requests under a key
 that must not pin the refs themselves (app/bundles.py keeps one verdict per repository).
 
-:meth:`RequestContext.ref_state_key` is ``(segments, HEAD, hideRefs)``: the ref segments
-are immutable and compared by identity, which is cheap (one compare per segment, about 200
-for 100k refs) but keeps every segment alive for as long as the key is kept, outside any
-budget. Hashing the refs' bytes instead would cost a pass over all of them per request.
+A request's visible refs are a function of its ref segments (immutable), HEAD and the
+hideRefs. A key holding the segments, compared by identity, is cheap (one compare per
+segment, about 200 for 100k refs) but keeps every segment alive for as long as the key is
+kept, outside any budget; hashing the refs' bytes would cost a pass over all of them per
+request.
 
 Here each segment object gets a serial number the first time it is digested, kept in a
 weak map beside it: the digest hashes the serials, HEAD, the hideRefs and the namespace.

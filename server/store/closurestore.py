@@ -15,7 +15,8 @@ must match exactly) and a payload. Each record is one file::
 written to a temporary name (``.tmp-<pid>-<thread>-<n>``) and renamed, so a reader sees a
 whole file or none. A file that does not parse, whose checksum or length is wrong, is
 removed and counted ``corrupt``, and so is a temporary file older than :data:`TMP_AGE`,
-left by a process killed while writing it (found when a store starts and when it evicts;
+left by a process killed while writing it (found whenever the store lists its directory:
+at start, when it evicts, and after each write when ``shared``;
 a younger one may be another process's write in progress: the workers and the next
 process share the directory, maybe from other containers, so the age decides, not the
 pid); one whose identity differs (its pack was replaced) ``stale``. Files live in
@@ -288,6 +289,9 @@ class ClosureStore:
                 break
             try:
                 os.unlink(path)
+            except FileNotFoundError:  # another worker's trim took it first: gone all
+                total -= size  # the same (counting on would trim far below the target)
+                continue
             except OSError:
                 continue
             total -= size

@@ -28,7 +28,7 @@ from gitspout.server.store.closurestore import (
     encode_record,
 )
 from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
-from rawhttp import request
+from rawhttp import metric, request
 
 FILTERS = ("blob:none", "")  # blob:none first: a full closure would answer it
 
@@ -147,6 +147,9 @@ def test_workers_share_the_store_across_a_restart(
         _clones(git, srv, tmp_path, "second")
         counts = _store_counts(srv.port)  # summed over the workers
         assert counts["loaded"] == 2 and counts["missed"] == 0, counts
+        # The bytes of the one shared directory, once: each worker counts it whole.
+        on_disk = sum(p.stat().st_size for p in _files(cache))
+        assert metric(srv.port, "gitspout_closure_store_bytes") == on_disk
     finally:
         srv.stop()
 
