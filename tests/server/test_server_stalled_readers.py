@@ -120,3 +120,27 @@ def test_a_slow_live_reader_is_kept_and_a_crawling_one_cut(
             proxy.close()
     finally:
         srv.stop()
+
+
+def test_a_slow_live_reader_of_a_cache_hit_is_kept(
+        stall_root: Path, git: Git, tmp_path: Path) -> None:
+    """The same live reader (2 MiB/s against a 256 KiB/s minimum, --send-timeout 0.5) of a
+    pack the cache already holds, sent by ``sendfile`` (sendregion.py), is kept: the
+    socket takes more only once a third of its megabytes of buffer are free, more than
+    0.5 s of this client, so a bound on one wait for the socket (as bundle downloads had
+    until this round) would cut it; the send watch's rules do not."""
+    srv = start_server(stall_root, extra_args=[
+        "--send-timeout", "0.5", "--send-min-rate", str(256 << 10)])
+    try:
+        git.run("clone", "-q", "--bare", f"{srv.url}/big.git", str(tmp_path / "warm"))
+        hits = metric(srv.port, 'gitspout_pack_cache_lookups_total{result="hit"}', 0.0)
+        live, proxy = _clone_through(srv.port, 2 << 20, git, tmp_path / "live")
+        _out, err = live.communicate(timeout=120)
+        proxy.close()
+        assert live.returncode == 0, err.decode(errors="replace")
+        fsck(git, tmp_path / "live")
+        assert proxy.relayed > BIG
+        assert metric(srv.port, 'gitspout_pack_cache_lookups_total{result="hit"}') == hits + 1
+        assert _timeouts(srv.port, "send_rate") == 0 and _timeouts(srv.port, "send") == 0
+    finally:
+        srv.stop()
