@@ -94,6 +94,17 @@ def _clone_through(port: int, rate: int, git: Git, dest: Path
     return clone, proxy
 
 
+def _live_clone(port: int, git: Git, dest: Path) -> None:
+    """A clone read at 2 MiB/s: whole, fsck-clean, never cut."""
+    live, proxy = _clone_through(port, 2 << 20, git, dest)
+    _out, err = live.communicate(timeout=120)
+    proxy.close()
+    assert live.returncode == 0, err.decode(errors="replace")
+    fsck(git, dest)
+    assert proxy.relayed > BIG
+    assert _timeouts(port, "send_rate") == 0 and _timeouts(port, "send") == 0
+
+
 def test_a_slow_live_reader_is_kept_and_a_crawling_one_cut(
         stall_root: Path, git: Git, tmp_path: Path) -> None:
     """The rate rule, on a scale of seconds: over its last --send-timeout seconds of
@@ -102,13 +113,7 @@ def test_a_slow_live_reader_is_kept_and_a_crawling_one_cut(
     srv = start_server(stall_root, extra_args=[
         "--send-timeout", "0.5", "--send-min-rate", str(256 << 10), "--pack-cache-size", "0"])
     try:
-        live, proxy = _clone_through(srv.port, 2 << 20, git, tmp_path / "live")
-        _out, err = live.communicate(timeout=120)
-        proxy.close()
-        assert live.returncode == 0, err.decode(errors="replace")
-        fsck(git, tmp_path / "live")
-        assert proxy.relayed > BIG
-        assert _timeouts(srv.port, "send_rate") == 0 and _timeouts(srv.port, "send") == 0
+        _live_clone(srv.port, git, tmp_path / "live")
         crawl, proxy = _clone_through(srv.port, 64 << 10, git, tmp_path / "crawl")
         try:
             assert wait_until(lambda: _timeouts(srv.port, "send_rate") == 1, 30)
@@ -134,13 +139,7 @@ def test_a_slow_live_reader_of_a_cache_hit_is_kept(
     try:
         git.run("clone", "-q", "--bare", f"{srv.url}/big.git", str(tmp_path / "warm"))
         hits = metric(srv.port, 'gitspout_pack_cache_lookups_total{result="hit"}', 0.0)
-        live, proxy = _clone_through(srv.port, 2 << 20, git, tmp_path / "live")
-        _out, err = live.communicate(timeout=120)
-        proxy.close()
-        assert live.returncode == 0, err.decode(errors="replace")
-        fsck(git, tmp_path / "live")
-        assert proxy.relayed > BIG
+        _live_clone(srv.port, git, tmp_path / "live")
         assert metric(srv.port, 'gitspout_pack_cache_lookups_total{result="hit"}') == hits + 1
-        assert _timeouts(srv.port, "send_rate") == 0 and _timeouts(srv.port, "send") == 0
     finally:
         srv.stop()
