@@ -113,9 +113,15 @@ class BodyTimeout(HttpError):
         super().__init__(408, text)
 
 
-# Bodies at most this big (not gzip) are joined on the event loop; bigger ones, and every
-# gzip body, are decoded in the thread pool (inflating 64 MiB takes a third of a second).
+# Bodies at most this big (not gzip) are joined on the event loop; bigger ones are decoded
+# in the thread pool (inflating 64 MiB takes a third of a second). A gzip body of at most
+# INLINE_GZIP bytes is inflated on the loop too, up to INLINE_INFLATED bytes out (git
+# gzips every body over 1 KiB: a clone's wants, a CI fetch's haves): a bounded piece of
+# zlib work, a few tens of microseconds, where a pool step costs more in hand-offs alone.
+# One that would inflate further goes to the pool whole.
 INLINE_BODY = 1 << 20
+INLINE_GZIP = 16 << 10
+INLINE_INFLATED = 256 << 10
 INFLATE_PIECE = 1 << 20  # output per zlib call: bounds memory overshoot past the cap
 
 
@@ -146,7 +152,8 @@ async def read_body(request: web.Request, limits: BodyLimits,
                     take: Callable[[int], None] | None = None) -> bytes:
     """The whole request body, gunzipped, under both caps (ARCHITECTURE.md P4) and the body
     deadlines. ``run(fn, *args)`` runs blocking work off the event loop (the server's pool):
-    inflating or joining a large body there keeps other requests answered meanwhile. (Its
+    inflating or joining a large body there keeps other requests answered meanwhile; a
+    small one is decoded here (INLINE_BODY, INLINE_GZIP). (Its
     pkt-lines are counted, and capped, by the protocol parsers as they decode them.)
     ``take(n)`` is called for every ``n`` bytes held (received, then inflated): the
     server-wide cap on request bodies (admission.py ``BodyCharge``), which may raise."""
@@ -164,9 +171,14 @@ async def read_body(request: web.Request, limits: BodyLimits,
             take(len(parts[0]))
     else:
         parts = await _read_parts(content, limits, take)
-    if not gzip and sum(map(len, parts)) <= INLINE_BODY:
+    size = sum(map(len, parts))
+    if not gzip and size <= INLINE_BODY:
         return b"".join(parts)
-    body: bytes = await run(decode_body, parts, gzip, limits)
+    body: bytes | None = None
+    if gzip and size <= INLINE_GZIP:
+        body = _inflate_small(parts, min(limits.max_inflated, INLINE_INFLATED))
+    if body is None:
+        body = await run(decode_body, parts, gzip, limits)
     if gzip and take is not None:
         take(len(body))  # the parts go with this frame; the inflated body stays
     return body
@@ -249,6 +261,18 @@ class _RecentRate:
 def decode_body(parts: list[bytes], gzip: bool, limits: BodyLimits) -> bytes:
     """Blocking (run it in the pool): join or inflate the body under ``max_inflated``."""
     return _inflate(parts, limits.max_inflated) if gzip else b"".join(parts)
+
+
+def _inflate_small(parts: list[bytes], cap: int) -> bytes | None:
+    """A small gzip body inflated here, on the event loop, if it inflates to at most
+    ``cap`` bytes; None when it would inflate further (the pool decodes it under the real
+    cap). Bad or truncated gzip raises as :func:`_inflate` does."""
+    try:
+        return _inflate(parts, cap)
+    except HttpError as exc:
+        if exc.status == 413:
+            return None  # more than ``cap`` out: for the pool, under --max-inflated-body
+        raise
 
 
 def _inflate(parts: list[bytes], max_inflated: int) -> bytes:

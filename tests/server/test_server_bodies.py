@@ -8,6 +8,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from gitspout.server.app.httpreq import INLINE_GZIP, INLINE_INFLATED
 from gitutil import LiveServer, poll, start_server
 from rawhttp import (
     FLUSH,
@@ -82,6 +83,22 @@ def test_gzip_v0_fetch(server: LiveServer, oids: dict[str, str]) -> None:
                             headers={"Content-Encoding": "gzip"})
     assert resp.status == 200
     _assert_pack(resp.body)
+
+
+def test_small_gzip_inflating_past_the_inline_cap(server: LiveServer,
+                                                  oids: dict[str, str]) -> None:
+    """A gzip body small enough to be inflated on the event loop (httpreq.py INLINE_GZIP)
+    that inflates past INLINE_INFLATED is handed whole to the pool and answered as the same
+    body sent plain: 20,000 repeated haves, about 1 MB out of a few KB in."""
+    main = oids["basic_main"]
+    plain = (pkt_lines(f"want {main} side-band-64k ofs-delta") + FLUSH
+             + pkt_lines(*[f"have {main}"] * 20_000) + pkt_lines("done"))
+    packed = gzip.compress(plain)
+    assert len(packed) <= INLINE_GZIP and len(plain) > INLINE_INFLATED
+    resp = post_upload_pack(server.port, packed, headers={"Content-Encoding": "gzip"})
+    same = post_upload_pack(server.port, plain)
+    assert resp.status == same.status == 200
+    assert resp.body == same.body
 
 
 @pytest.mark.parametrize("encoding", ["", "identity"])
