@@ -8,8 +8,9 @@ Each tree's gitspout serves its own copy of ``--repo`` with a pack cache whose e
 outlive the run (``--pack-cache-ttl 600``); after three warm-up clones every clone is a
 cache hit (checked from /metrics). A round measures ``--clients`` clones by C git one
 after another, then as many at once, with the server's CPU (every thread, from /proc)
-around each batch; the table gives each tree's medians per clone. Trees alternate round
-by round, so the machine's drift falls on both. Every clone of the last round is
+around each batch; the table gives each tree's medians per clone. The trees take turns,
+the first one first in even rounds and last in odd ones, so the machine's drift falls on
+both. Every clone of the last round is
 fsck-checked (connectivity).
 """
 
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             servers.append((tree, server, url))
         rows: dict[tuple[int, str], list[float]] = {}
         for r in range(args.rounds):
-            for n, (_tree, server, url) in enumerate(servers):
+            order = list(enumerate(servers))
+            for n, (_tree, server, url) in (order if r % 2 == 0 else order[::-1]):
                 port = int(url.rsplit(":", 1)[1].split("/")[0])
                 before = metrics(port).get("lookups.hit", 0)
                 for kind in ("one after another", "all at once"):

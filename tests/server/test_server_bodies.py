@@ -4,6 +4,7 @@ bodies cut short (ARCHITECTURE.md P4: read the whole request, with a cap, before
 from __future__ import annotations
 
 import gzip
+import socket
 import zlib
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from rawhttp import (
     exchange,
     metric,
     parse_pkts,
+    parse_response,
     pkt_lines,
     post_upload_pack,
     read_head,
@@ -231,6 +233,29 @@ def test_chunked_gzip_v0_fetch(server: LiveServer, oids: dict[str, str]) -> None
                             headers={"Content-Encoding": "gzip"})
     assert resp.status == 200
     _assert_pack(resp.body)
+
+
+def test_gzip_sent_a_byte_a_chunk(server: LiveServer, oids: dict[str, str]) -> None:
+    """A small gzip body sent as one-byte chunks, each in its own segment (many parts, as
+    the server reads them): inflated whole (its parts joined first), answered as the same
+    body sent plain."""
+    plain = _fetch_v0(oids["basic_main"])
+    head = build_request("POST", "/basic.git/git-upload-pack",
+                         {"Content-Type": UPLOAD_CT, "Content-Encoding": "gzip",
+                          "Transfer-Encoding": "chunked"})
+    sock = connect(server.port)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head)
+        for byte in gzip.compress(plain):
+            sock.sendall(b"1\r\n" + bytes([byte]) + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        data, _ = read_until_close(sock, 30)
+    finally:
+        sock.close()
+    resp = parse_response(data)
+    assert resp.status == 200
+    assert resp.body == post_upload_pack(server.port, plain).body
 
 
 def test_chunked_v2_ls_refs(server: LiveServer, oids: dict[str, str]) -> None:
