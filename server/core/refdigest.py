@@ -7,35 +7,26 @@ segment, about 200 for 100k refs) but keeps every segment alive for as long as t
 kept, outside any budget; hashing the refs' bytes would cost a pass over all of them per
 request.
 
-Here each segment object gets a serial number the first time it is digested, kept in a
-weak map beside it: the digest hashes the serials, HEAD, the hideRefs and the namespace.
-That is sound where ``id()`` is not: CPython reuses an object's address once the object is
-freed, so a new segment holding other refs could carry a dead one's ``id``; a serial is
-never handed out twice in a process, and it is bound to one segment for the segment's
-whole life. Segments never change after they are made, so equal serials are equal refs;
-a ref that moves, appears or goes lives in a segment made anew (store/refs.py), which
-has a new serial, and so a new digest. Two states with the same refs in different
+Here the digest hashes each segment's serial (``RefSegment.serial``, drawn from one
+counter when the segment is made), HEAD, the hideRefs and the namespace. That is sound
+where ``id()`` is not: CPython reuses an object's address once the object is freed, so a
+new segment holding other refs could carry a dead one's ``id``; a serial is never handed
+out twice in a process. Segments never change after they are made, so equal serials are
+equal refs; a ref that moves, appears or goes lives in a segment made anew (store/refs.py),
+which has a new serial, and so a new digest. Two states with the same refs in different
 segment objects get different digests: a recomputation, never a wrong answer.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import struct
-import threading
-import weakref
 
-from ..store.packedrefs import RefSegment
 from .context import RequestContext
 
 __all__ = ["ref_state_digest", "DIGEST_BYTES"]
 
 DIGEST_BYTES = 32
-
-_serials: weakref.WeakKeyDictionary[RefSegment, int] = weakref.WeakKeyDictionary()
-_next = itertools.count(1)
-_lock = threading.Lock()
 
 
 def ref_state_digest(ctx: RequestContext) -> bytes:
@@ -44,19 +35,10 @@ def ref_state_digest(ctx: RequestContext) -> bytes:
     Equal digests, equal visible refs; holding one keeps nothing of the refs alive."""
     snap = ctx.refs
     hide = ctx.hide_refs
-    with _lock:
-        serials = [_serial(seg) for seg in snap.segments]
+    serials = [seg.serial for seg in snap.segments]
     h = hashlib.sha256(struct.pack(f"<Q{len(serials)}Q", len(serials), *serials))
     # Length-prefixed fields: no two different states hash the same bytes.
     h.update(struct.pack("<I", len(hide)))
     for part in (snap.head.oid or b"", ctx.namespace, *hide):
         h.update(struct.pack("<I", len(part)) + part)
     return h.digest()
-
-
-def _serial(seg: RefSegment) -> int:
-    """The segment's serial number (under ``_lock``); its entry goes when it does."""
-    n = _serials.get(seg)
-    if n is None:
-        n = _serials[seg] = next(_next)
-    return n

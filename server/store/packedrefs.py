@@ -10,6 +10,7 @@ the common end is parsed again. Loose refs are merged into segments by store/ref
 from __future__ import annotations
 
 import binascii
+import itertools
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -38,6 +39,7 @@ SEGMENT_REFS = 512
 """Refs per segment when refs are cut by count (segments merged with loose refs)."""
 
 _SEGMENT_OVERHEAD = 400  # a RefSegment beside its raw bytes: the object, first/last names
+_SERIALS = itertools.count(1)  # RefSegment.serial (next() on a count is atomic in CPython)
 
 
 class RefSegment:
@@ -51,7 +53,8 @@ class RefSegment:
     are made only when asked for (:meth:`refs`): 1M of them cost 200 MB and seconds, the
     bytes 60 MB and nothing (docs/ARCHITECTURE.md, "Caches")."""
 
-    __slots__ = ("raw", "targets", "first", "last", "plain", "hex_len", "checked", "__weakref__")
+    __slots__ = ("raw", "targets", "first", "last", "plain", "hex_len", "checked", "serial",
+                 "__weakref__")
 
     def __init__(self, raw: bytes, hex_len: int,
                  targets: dict[bytes, bytes] | None = None, checked: bool = True) -> None:
@@ -64,6 +67,9 @@ class RefSegment:
         # Bytes read from packed-refs are checked (:func:`_check_lines`) the first time
         # they are split into lines: the split that encodes or decodes them anyway.
         self.checked = checked
+        # Never another segment's in this process, unlike id() (reused once an object is
+        # freed): a key of serials names these refs and keeps none alive (core/refdigest.py).
+        self.serial = next(_SERIALS)
         if raw:
             self.first = raw[hex_len + 1:raw.find(b"\n")]
             k = raw.rfind(b"\n", 0, len(raw) - 1) + 1
