@@ -42,6 +42,10 @@ from bench.process import (  # noqa: E402
 REPO_TOP = Path(__file__).resolve().parent.parent
 
 
+def _url(port: int) -> str:
+    return f"http://{LOOPBACK}:{port}/repo.git"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.identical", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     trees = args.tree or [REPO_TOP]
     tmp = Path(tempfile.mkdtemp(prefix="gitspout-identical-"))
-    servers: list[tuple[Path, ServerProcess, str]] = []
+    servers: list[tuple[Path, ServerProcess, int]] = []
     try:
         for n, tree in enumerate(trees):
             base = tmp / f"t{n}"
@@ -70,15 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                 "--pack-cache-ttl", "600"], log_path=base / "server.log", cwd=tree,
                 env={**os.environ, **extra}).start()
             wait_for_http(port, "/healthz", procs=[server])
-            url = f"http://{LOOPBACK}:{port}/repo.git"
             for i in range(3):
-                clones(url, [base / f"warm{i}"], args.filter)
-            servers.append((tree, server, url))
+                clones(_url(port), [base / f"warm{i}"], args.filter)
+            servers.append((tree, server, port))
         rows: dict[tuple[int, str], list[float]] = {}
         for r in range(args.rounds):
             order = list(enumerate(servers))
-            for n, (_tree, server, url) in (order if r % 2 == 0 else order[::-1]):
-                port = int(url.rsplit(":", 1)[1].split("/")[0])
+            for n, (_tree, server, port) in (order if r % 2 == 0 else order[::-1]):
+                url = _url(port)
                 before = metrics(port).get("lookups.hit", 0)
                 for kind in ("one after another", "all at once"):
                     dests = [tmp / f"r{r}-t{n}-{kind[0]}{i}" for i in range(args.clients)]

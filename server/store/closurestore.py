@@ -230,13 +230,16 @@ class ClosureStore:
             except OSError:
                 pass
             raise
-        total = self._scan_bytes() if self.shared else None  # a directory listing
+        files = self._files() if self.shared else None  # one listing, also for the trim
         with self._lock:
-            self.stats.bytes = total if total is not None else self.stats.bytes + len(data) - old
+            if files is not None:
+                self.stats.bytes = sum(size for _, size, _ in files)
+            else:
+                self.stats.bytes += len(data) - old
             self.stats.results["written"] += 1
             over = self.stats.bytes > self.max_bytes
         if over:
-            self._evict()
+            self._evict(files)
 
     # -- the budget ------------------------------------------------------------------
 
@@ -279,10 +282,11 @@ class ClosureStore:
     def _scan_bytes(self) -> int:
         return sum(size for _, size, _ in self._files())
 
-    def _evict(self) -> None:
+    def _evict(self, files: list[tuple[float, int, str]] | None = None) -> None:
         """Remove the least recently used files until three quarters of the budget are
-        used (the files of every process sharing the directory count)."""
-        files = sorted(self._files())
+        used (the files of every process sharing the directory count); ``files``: the
+        directory as just listed, if it was."""
+        files = sorted(self._files() if files is None else files)
         total = sum(size for _, size, _ in files)
         for _, size, path in files:
             if total <= self.max_bytes * 3 // 4:
