@@ -31,6 +31,7 @@ from gitspout.server.app.http import RUNNER_KWARGS, make_app
 from gitspout.server.store.packedrefs import RefSegment
 from gitspout.server.store.refsnapshot import RefSnapshot
 from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
+from netnskit import SlowProxy
 from offloadkit import new_git
 from rawhttp import FLUSH, metric, parse_pkts, pkt_lines, post_upload_pack, request
 
@@ -321,22 +322,24 @@ def _bundle_server(git: Git, tmp_path: Path, *extra: str) -> tuple[LiveServer, s
     return srv, uri.split(str(srv.port), 1)[1]
 
 
-def _get(port: int, path: str, pace: float) -> tuple[bytes, float]:
-    """GET ``path`` with a 16 KiB receive buffer, reading every ``pace`` seconds (the
-    client's speed, not a synchronisation)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
-                     .encode())
-        start = time.monotonic()
-        raw = bytearray()
-        try:
-            while chunk := sock.recv(16 << 10):
-                raw += chunk
-                time.sleep(pace)
-        except ConnectionResetError:
-            pass
-        return bytes(raw), time.monotonic() - start
+def _get_slowly(port: int, path: str, rate: int) -> tuple[bytes, float]:
+    """GET ``path`` through a proxy passing about ``rate`` bytes/s from a 16 KiB receive
+    buffer (netnskit.SlowProxy: a slow client); the answer and how long it took."""
+    proxy = SlowProxy("127.0.0.1", port, rate, rcvbuf=16 << 10)
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+                         .encode())
+            start = time.monotonic()
+            raw = bytearray()
+            try:
+                while chunk := sock.recv(1 << 20):
+                    raw += chunk
+            except ConnectionResetError:
+                pass
+            return bytes(raw), time.monotonic() - start
+    finally:
+        proxy.close()
 
 
 def test_a_slow_download_outlasting_the_send_timeout_is_not_cut(
@@ -348,7 +351,7 @@ def test_a_slow_download_outlasting_the_send_timeout_is_not_cut(
     at the default 60 s, any client slower than about 20 KB/s."""
     srv, path = _bundle_server(git, tmp_path, "--send-timeout", "0.5")
     try:
-        raw, took = _get(srv.port, path, 0.01)
+        raw, took = _get_slowly(srv.port, path, 1_500_000)
         head, _, body = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
         length = int(re.search(rb"Content-Length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
