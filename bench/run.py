@@ -1032,7 +1032,7 @@ class Bench:
         # cold runs are numbered 0, -1, -2...: a case's state (a copy to fetch into) is named
         # by its run
         plan: list[tuple[Side, int, bool]] = [(b, -k, True) for k in range(self.cold_runs)]
-        prime = self.cold_store == "warm"
+        prime = self.cold_store in ("warm", "pushed")
         if prime:  # an untimed first process leaves its closures for the cold runs
             plan.insert(0, (b, -self.cold_runs, True))
         for r in range(1, self.rounds + 1):
@@ -1046,10 +1046,15 @@ class Bench:
             first = True
             for (side, run, cold), state in zip(plan, states, strict=True):
                 # first run of each server; every cold run read from a warm closure store
-                check = first or (side is a and run == 1) or (cold and self.cold_store == "warm")
+                check = first or (side is a and run == 1) or (cold and self.cold_store != "empty")
                 if cold:
                     if self.cold_store == "empty" and self.b_cache is not None:
                         shutil.rmtree(self.b_cache / "gitspout-closures", ignore_errors=True)
+                    if self.cold_store == "pushed" and not prime:  # after the store was left
+                        new, ref, _ = push_new_commit(case.served, self.scratch_path("push-work"),
+                                                      self.rs.timeout)
+                        print(f"  pushed {new[:12]} to {ref} before the restart", flush=True)
+                        case.expected_refs = list_refs(case.served)
                     b.restart()
                 first = False
                 side.ensure_alive()
@@ -1321,11 +1326,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cold-runs", type=int, default=1,
                     help="B cold runs per case, each on a freshly restarted gitspout; the "
                          "cold figures are their median (default 1)")
-    ap.add_argument("--cold-store", choices=["empty", "warm"], default="empty",
+    ap.add_argument("--cold-store", choices=["empty", "warm", "pushed"], default="empty",
                     help="B's closure store (--pack-cache-dir of the run's own) at each cold "
                          "restart: 'empty' (truly cold) or 'warm': left by an untimed run of "
                          "the same case in a previous gitspout process (the first clone "
-                         "after a restart on the same disk)")
+                         "after a restart on the same disk); 'pushed': as warm, but a commit "
+                         "is pushed to the default branch before each cold run (the first "
+                         "clone after a push and a restart)")
     ap.add_argument("--b-arg", action="append", default=[], metavar="ARG",
                     help="an extra argument for gitspout serve (repeatable), e.g. "
                          "--b-arg=--pack-cache-ttl=0.001 (coalescing only, no hits across "
@@ -1626,8 +1633,9 @@ def report(rows: list[Row], tgts: list[Target], samples: list[Sample],
                      [[f"{r.repo} {r.variant} {r.case}", _f(r.a_objects, ".0f"),
                        _f(r.b_objects, ".0f"), _x(r.ratios.get("objects")),
                        _f(r.b_cold_objects, ".0f")] for r in counted]))
-    store = ("from a warm closure store (left by an untimed earlier process)"
-             if getattr(args, "cold_store", "empty") == "warm" else "closure store empty")
+    store = {"warm": "from a warm closure store (left by an untimed earlier process)",
+             "pushed": "a push after the closure store was left by an earlier process"
+             }.get(getattr(args, "cold_store", "empty"), "closure store empty")
     print(f"\n--- gitspout cold (first request after restart; {store}) vs. "
           "git-http-backend median ---")
     print(cold_table(rows))

@@ -232,8 +232,9 @@ class _FaultCollector:
 class ClosureStoreCollector:
     """``gitspout_closure_store_total{result}`` and ``gitspout_closure_store_bytes``
     (store/closurestore.py): closures and layouts read from the local disk instead of
-    computed (loaded), computed for want of one (missed), written, removed (stale: their
-    pack was replaced; corrupt; evicted over the budget) or not written (dropped)."""
+    computed (loaded), computed for want of one (missed), of those computed on top of a
+    closure stored for an earlier ref state (based), written, removed (stale: their pack
+    was replaced; corrupt; evicted over the budget) or not written (dropped)."""
 
     def __init__(self, store: ClosureStore) -> None:
         self.store = store
@@ -243,8 +244,8 @@ class ClosureStoreCollector:
         fam = CounterMetricFamily(
             "gitspout_closure_store",
             "Closures and layouts on the local disk by result: loaded (instead of "
-            "computed), missed (computed), written, stale (pack replaced), corrupt, "
-            "evicted, dropped.",
+            "computed), missed (computed), based (computed on an earlier ref state's), "
+            "written, stale (pack replaced), corrupt, evicted, dropped.",
             labels=["result"])
         for result in RESULTS:
             fam.add_metric([result], st.results.get(result, 0))

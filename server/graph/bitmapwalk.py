@@ -43,6 +43,9 @@ __all__ = ["BitmapIndex", "Reach", "ReachSet", "open_bitmap_index", "bitmap_filt
 # (:func:`filter_walk_level`); checking a want (reachability.py) needs ALL.
 ALL, TREES, COMMITS = "all", "trees", "commits"
 _LEVELS = (ALL, TREES, COMMITS)  # each answers the ones after it
+ROOTS = "roots"  # the roots of a stored closure: a base for the next ref state
+_BASES = 8  # stored root sets considered for a base
+_DIGEST = 32  # bytes of an ids_digest
 _U64 = struct.Struct(">Q")
 
 
@@ -145,6 +148,18 @@ class Reach:
         return other
 
 
+class _Met:
+    """What a walk from new roots met of an earlier closure (:meth:`BitmapIndex._reach`):
+    ids, the bitmaps it OR-ed, and the roots it found in the closure."""
+
+    __slots__ = ("ids", "bits", "held")
+
+    def __init__(self) -> None:
+        self.ids: set[bytes] = set()
+        self.bits = 0
+        self.held: list[bytes] = []  # roots found in the base, not walked
+
+
 class BitmapIndex:
     """One request's use of the bitmapped pack."""
 
@@ -186,67 +201,168 @@ class BitmapIndex:
         on one ref state computes its object set once. Packs never change, so the key is
         exact. A closure of a fuller level answers a request for a lesser one. With
         ``disk``, a closure not in memory is read from the closure store, where a
-        previous process left it, before it is walked, and one walked is left there."""
+        previous process left it, before it is walked, and one walked is left there with
+        its roots. After a push none of them is exact: the closure of an earlier ref state
+        is the base of the walk, when its roots are all reachable from the new ones
+        (:meth:`_reach_from_stored`)."""
+        roots = list(roots)
         digest = ids_digest(roots)
+        hit = self._cached(cache, digest, level)
+        if hit is not None:
+            return hit.copy()
+        fuller = (level, *reversed(_LEVELS[: _LEVELS.index(level)]))
+        hit = self.load_stored(disk, digest, fuller) if disk is not None else None
+        if hit is None:
+            if disk is not None:
+                hit = self._reach_from_stored(roots, level, fuller, cache, disk)
+            if hit is None:
+                hit = self.reach(roots, level=level)
+            if disk is not None:
+                self.save_stored(disk, digest, level, hit)
+                self._save_roots(disk, digest, roots)
+        key: tuple[object, ...] = (self.pack.key, digest)
+        cache.put(key if level == ALL else (*key, level), hit, hit.nbytes + 64 * len(hit.extra))
+        return hit.copy()
+
+    def _cached(self, cache: ByteLRU[Reach], digest: bytes, level: str) -> Reach | None:
+        """The closure of the roots named by ``digest`` at ``level`` or a fuller one, if
+        this process holds it (not a copy)."""
         key: tuple[object, ...] = (self.pack.key, digest)
         for held in _LEVELS[: _LEVELS.index(level) + 1]:
             hit = cache.get(key if held == ALL else (*key, held))
             if hit is not None:
-                return hit.copy()
-        fuller = (level, *reversed(_LEVELS[: _LEVELS.index(level)]))
-        hit = self.load_stored(disk, digest, fuller) if disk is not None else None
-        if hit is None:
-            hit = self.reach(roots, level=level)
-            if disk is not None:
-                self.save_stored(disk, digest, level, hit)
-        cache.put(key if level == ALL else (*key, level), hit, hit.nbytes + 64 * len(hit.extra))
-        return hit.copy()
+                return hit
+        return None
+
+    def _reach_from_stored(self, roots: list[bytes], level: str, fuller: tuple[str, ...],
+                           cache: ByteLRU[Reach], disk: ClosureStore) -> Reach | None:
+        """The closure of ``roots`` walked from the stored closure of an earlier ref state
+        of the same pack, or None when there is no fit one.
+
+        Of the last :data:`_BASES` root sets stored, the one with the fewest roots that
+        ``roots`` lack is tried (the newest of equals), from memory or the disk. Its
+        closure is exact for the new roots only when every one of its roots is reachable
+        from them: the walk then stops where it meets the base, which is closed
+        downwards. A root deleted, force-pushed away or newly hidden would bring in what
+        the new refs no longer reach, so the walk checks that it met each old root, or
+        OR-ed a bitmap holding it, before any tree is read; when one is not met, the
+        closure is walked whole (the caller does)."""
+        scope = self._scope()
+        prefix = f"{self.pack.checksum.hex()[:16]}-{ROOTS}-"
+        new = set(roots)
+        found: list[tuple[int, int, int, bytes, set[bytes]]] = []
+        for order, name in enumerate(disk.recent(scope, prefix, _BASES)):
+            stored = self._load_roots(disk, scope, name)
+            if stored is not None:
+                digest, old = stored
+                found.append((len(old - new), len(new - old), order, digest, old))
+        for *_, digest, old in sorted(found):
+            held = self._cached(cache, digest, level)
+            base = (held.copy() if held is not None
+                    else self._load_kinds(disk, digest, fuller, count=False))
+            if base is None:
+                continue  # its closure was evicted: the next best
+            reach = self._reach(roots, base, level, old - new)
+            if reach is not None:
+                disk.count("based")
+            return reach
+        return None
+
+    def _scope(self) -> str:
+        """The closure store's scope of this repository: its objects directory, so that
+        the files of a pack replaced there can be found and removed."""
+        return hashlib.sha256(self.src.odb.objects_dir.encode()).hexdigest()[:20]
 
     def _disk_key(self, digest: bytes, kind: str) -> tuple[str, str, bytes]:
         """(scope, name, identity) of a closure in the closure store. A closure of given
         roots (or a filtered one of a pack order) is a function of immutable objects;
         only where its bits stand depends on the bitmapped pack, so the pack's checksum
-        and size pin it down with the roots (objects outside the pack are kept by id).
-        The scope is the repository's objects directory, so that the files of a pack
-        replaced there can be found and removed."""
+        and size pin it down with the roots (objects outside the pack are kept by id)."""
         pack = self.pack
-        scope = hashlib.sha256(self.src.odb.objects_dir.encode()).hexdigest()[:20]
         name = f"{pack.checksum.hex()[:16]}-{kind}-{digest.hex()[:40]}"
         identity = b"|".join((pack.checksum, str(pack.count).encode(), kind.encode(), digest))
-        return scope, name, identity
+        return self._scope(), name, identity
+
+    def _roots_identity(self, name: str) -> bytes:
+        pack = self.pack
+        return b"|".join((pack.checksum, str(pack.count).encode(), ROOTS.encode(),
+                          name.rsplit("-", 1)[1].encode()))
+
+    def _save_roots(self, disk: ClosureStore, digest: bytes, roots: list[bytes]) -> None:
+        """Leave the roots of the closure named by ``digest`` in the closure store: the
+        full digest, then the ids, sorted."""
+        scope, name, _ = self._disk_key(digest, ROOTS)
+        disk.save(scope, name, self._roots_identity(name), digest + b"".join(sorted(set(roots))))
+
+    def _load_roots(self, disk: ClosureStore, scope: str, name: str
+                    ) -> tuple[bytes, set[bytes]] | None:
+        """(digest, roots) of a roots record; None when it is not one of this pack's."""
+        data = disk.load(scope, name, self._roots_identity(name), count_miss=False,
+                         count_hit=False)
+        width = self.pack.hash_len
+        if data is None or len(data) < _DIGEST or (len(data) - _DIGEST) % width:
+            return None
+        digest = data[:_DIGEST]
+        old = {data[k:k + width] for k in range(_DIGEST, len(data), width)}
+        if ids_digest(old) != digest:
+            return None
+        return digest, old
+
+    def _load_kinds(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str],
+                    count: bool = True) -> Reach | None:
+        """The first of ``kinds`` of the closure named by ``digest`` that the closure
+        store has (no miss counted; a load only with ``count``)."""
+        for kind in kinds:
+            scope, name, identity = self._disk_key(digest, kind)
+            data = disk.load(scope, name, identity, count_miss=False, count_hit=count)
+            if data is not None:
+                found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
+                if found is not None:
+                    return found
+        return None
 
     def load_stored(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str]
                     ) -> Reach | None:
         """The first of ``kinds`` of the closure named by ``digest`` that the closure
         store has; one miss counted when it has none (the walk that follows), and the
         files of packs this repository no longer uses removed."""
-        scope = ""
-        for kind in kinds:
-            scope, name, identity = self._disk_key(digest, kind)
-            data = disk.load(scope, name, identity, count_miss=False)
-            if data is not None:
-                found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
-                if found is not None:
-                    return found
-        disk.count("missed")
-        disk.sweep(scope, self.pack.checksum.hex()[:16])
-        return None
+        found = self._load_kinds(disk, digest, kinds)
+        if found is None:
+            disk.count("missed")
+            disk.sweep(self._scope(), self.pack.checksum.hex()[:16])
+        return found
 
     def save_stored(self, disk: ClosureStore, digest: bytes, kind: str, reach: Reach) -> None:
         """Leave ``reach`` in the closure store for the next process (written later)."""
         disk.save(*self._disk_key(digest, kind), reach.to_bytes())
 
-    def reach(self, roots: Iterable[bytes], base: Reach | None = None,
-              level: str = ALL) -> Reach:
+    def reach(self, roots: Iterable[bytes], level: str = ALL) -> Reach:
         """Everything reachable from ``roots`` (binary ids of any type), down to ``level``
         for the commits outside the bitmaps. Their trees are the slowest part of a cold
         closure: a filter that drops them, or their blobs (:func:`filter_walk_level`), is
         answered without looking them up."""
-        reach = base if base is not None else self.new_reach()
+        reach = self._reach(roots, self.new_reach(), level, None)
+        assert reach is not None  # nothing to check
+        return reach
+
+    def _reach(self, roots: Iterable[bytes], reach: Reach, level: str,
+               check: set[bytes] | None) -> Reach | None:
+        """:meth:`reach` into ``reach``; with ``check``, ``reach`` is a base closure and
+        the result None when an object of ``check`` was not met on the way
+        (:meth:`_reach_from_stored`)."""
+        met = _Met() if check is not None else None
         commits: list[bytes] = []
         roots_t: list[_TreeRoot] = []
         for root in roots:
+            if met is not None:
+                met.ids.add(root)
+                if self.lookup(reach, root)[0]:
+                    met.held.append(root)  # in the base, and so is all it reaches
+                    continue
             target, type_num, tags = self.src.peel(root)
+            if met is not None:
+                met.ids.add(target)
+                met.ids.update(tags)
             for tag in tags:
                 seen, rank = self.lookup(reach, tag)
                 if not seen:
@@ -259,7 +375,9 @@ class BitmapIndex:
                 seen, rank = self.lookup(reach, target)
                 if not seen:
                     self.add(reach, target, rank, type_num)
-        walked = self._walk_commits(reach, commits)
+        walked = self._walk_commits(reach, commits, met)
+        if met is not None and check and not self._all_met(check, met):
+            return None
         if level == COMMITS:
             for tree, _, _, _ in roots_t:
                 seen, rank = self.lookup(reach, tree)
@@ -270,7 +388,34 @@ class BitmapIndex:
         self._walk_trees(reach, roots_t, blobs=level == ALL)
         return reach
 
-    def _walk_commits(self, reach: Reach, start: list[bytes]) -> list[_TreeRoot]:
+    def _all_met(self, check: set[bytes], met: _Met) -> bool:
+        """True when every object of ``check`` was met by the walk, or is in a bitmap it
+        OR-ed: reachable from its roots. The roots found in the base were not walked:
+        what they peel to and their bitmaps are looked at only if the walk's own do not
+        account for every object."""
+        left = [oid for oid in check if oid not in met.ids]
+        if not left:
+            return True
+        bits = met.bits
+        for root in met.held:
+            target, _, tags = self.src.peel(root)
+            met.ids.add(target)
+            met.ids.update(tags)
+            pos = self.pack.find(target)
+            closure = self.bm.bitmap_at(pos) if pos >= 0 else None
+            if closure is not None:
+                bits |= closure
+        view = bits.to_bytes(self.new_reach().nbytes, "little")
+        for oid in left:
+            if oid in met.ids:
+                continue
+            rank = self.rank(oid)
+            if rank is None or not view[rank >> 3] >> (rank & 7) & 1:
+                return False
+        return True
+
+    def _walk_commits(self, reach: Reach, start: list[bytes], met: _Met | None = None
+                      ) -> list[_TreeRoot]:
         """OR in bitmaps where they exist; walk the rest, newest first.
 
         Roots with bitmaps go first, then a date-ordered walk: recent history reaches a
@@ -283,6 +428,8 @@ class BitmapIndex:
         and the others carry their index position through the heap. Most roots of a
         mirror clone (merged pull-request heads) and most parents at the edge of the
         walk are in a bitmap's closure by then (docs/ARCHITECTURE.md, "Cold path").
+        With ``met``, the bitmaps OR-ed and the parents found in the closure are noted
+        there (:meth:`_reach_from_stored`).
         """
         bm = self.bm
         commit, base_tree = self.src.commit, self.src.first_parent_tree
@@ -302,6 +449,9 @@ class BitmapIndex:
                 rest.append((oid, pos))
         if closures:
             reach.bits = reach.bits | closures
+        met_ids = met.ids if met is not None else None
+        if met is not None:
+            met.bits |= closures
         heap: list[tuple[int, bytes, int]] = []
         test = reach.test
         for oid, pos in rest:
@@ -321,6 +471,8 @@ class BitmapIndex:
                 closure = bitmap_at(pos)
                 if closure is not None:
                     reach.bits = reach.bits | closure
+                    if met is not None:
+                        met.bits |= closure
                     continue
             self.add(reach, oid, rank, OBJ_COMMIT)
             found = infos[oid]  # every commit in the heap was read when pushed
@@ -328,6 +480,8 @@ class BitmapIndex:
             for parent in parents:
                 ppos = find(parent)
                 if reach.test(rank_of(ppos)) if ppos >= 0 else parent in extra:
+                    if met_ids is not None:
+                        met_ids.add(parent)
                     continue
                 known = infos.get(parent)
                 if known is None:

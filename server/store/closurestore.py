@@ -55,7 +55,7 @@ VERSION = 1
 _HEAD = struct.Struct(">8sHHQ")
 _SUM = 32  # SHA-256
 SUFFIX = ".clo"
-RESULTS = ("loaded", "missed", "written", "stale", "corrupt", "evicted", "dropped")
+RESULTS = ("loaded", "missed", "based", "written", "stale", "corrupt", "evicted", "dropped")
 QUEUE_MAX = 64  # records waiting to be written; more are dropped (and counted)
 TMP_PREFIX = ".tmp-"
 # A temporary file untouched this long is a killed writer's: a record is written in one
@@ -114,11 +114,12 @@ class ClosureStore:
 
     # -- reading ---------------------------------------------------------------------
 
-    def load(self, scope: str, name: str, identity: bytes, count_miss: bool = True
-             ) -> bytes | None:
+    def load(self, scope: str, name: str, identity: bytes, count_miss: bool = True,
+             count_hit: bool = True) -> bytes | None:
         """The payload stored under ``name`` if its identity is ``identity``; None
-        otherwise (counted: missed unless not ``count_miss``, stale or corrupt; the last
-        two remove the file)."""
+        otherwise (counted: loaded, unless not ``count_hit``, and then it is no use that
+        keeps the file; missed unless not ``count_miss``; stale or corrupt, both of which
+        remove the file)."""
         if not self.enabled:
             return None
         path = os.path.join(self.root, scope, name + SUFFIX)
@@ -134,12 +135,33 @@ class ClosureStore:
         if found is None or found[0] != identity:
             self._drop(path, len(data), "corrupt" if found is None else "stale")
             return None
-        try:
-            os.utime(path)  # recently used: evicted last
-        except OSError:
-            pass
-        self._count("loaded")
+        if count_hit:  # a use: evicted last (a look is not, nor does it reorder recent())
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+            self._count("loaded")
         return found[1]
+
+    def recent(self, scope: str, prefix: str, limit: int) -> list[str]:
+        """The names (without suffix) of at most ``limit`` records of ``scope`` whose
+        names start with ``prefix``, most recently written or loaded first."""
+        if not self.enabled:
+            return []
+        found = []
+        try:
+            entries = list(os.scandir(os.path.join(self.root, scope)))
+        except OSError:
+            return []
+        for entry in entries:
+            name = entry.name
+            if name.startswith(prefix) and name.endswith(SUFFIX):
+                try:
+                    found.append((entry.stat(follow_symlinks=False).st_mtime, name))
+                except OSError:
+                    continue
+        found.sort(reverse=True)
+        return [name[: -len(SUFFIX)] for _, name in found[:limit]]
 
     def sweep(self, scope: str, keep_prefix: str) -> None:
         """Remove the files of ``scope`` whose names do not start with ``keep_prefix``

@@ -14,11 +14,16 @@ file is removed: each is counted, and the answers stay right.
 from __future__ import annotations
 
 import os
+import random
 import re
 from array import array
 from pathlib import Path
 
 import pytest
+from gitspout.server.app.config import load_config
+from gitspout.server.app.metrics import RequestRecord
+from gitspout.server.app.state import ServerState
+from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, open_bitmap_index
 from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
@@ -27,6 +32,7 @@ from gitspout.server.store.closurestore import (
     decode_record,
     encode_record,
 )
+from gitspout.server.store.lru import ByteLRU
 from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
 from rawhttp import metric, request
 
@@ -176,25 +182,116 @@ def test_repack_between_restarts_makes_the_closures_stale(
         srv.stop()
 
 
-def test_ref_change_between_restarts_is_not_served_from_the_store(
+def _work_clone(git: Git, repo: Path, tmp: Path) -> tuple[Path, Committer]:
+    work = tmp / "work"
+    git.run("clone", "-q", str(repo), str(work))
+    return work, Committer(git, work, start=1_700_000_000)
+
+
+def test_push_between_restarts_walks_from_the_stored_closure(
         warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """After a push no stored closure is exact, but the last one is a base: the restarted
+    process walks only what the push added (``result="based"``), and so does a live one
+    after the next push."""
     cache = tmp_path / "cache"
     cache.mkdir()
     _first_process(git, warm_root, cache, tmp_path)
     repo = warm_root / "app.git"
-    # A ref deleted: its objects must not come from the old tips' closure.
-    git.run("update-ref", "-d", "refs/heads/side", cwd=repo)
+    work, c = _work_clone(git, repo, tmp_path)
+    c.commit({"d1/pushed.txt": "pushed\n", "top.txt": "pushed\n"}, "pushed 1")
+    c.commit({"d2/pushed.txt": "pushed 2\n"}, "pushed 2")
+    git.run("checkout", "-q", "-b", "topic", cwd=work)
+    c.commit({"d0/topic.txt": "topic\n"}, "topic 1")
+    c.tag("v3", "release 3")
+    git.run("push", "-q", "origin", "main", "topic", "v3", cwd=work)
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
         counts = _store_counts(srv.port)
-        assert counts["loaded"] == 0 and counts["missed"] >= 2, counts
+        assert counts["loaded"] == 0 and counts["based"] == 2, counts
+        # A live process after the next push: its own closures are the base.
+        c.commit({"d0/topic.txt": "topic 2\n"}, "topic 2")
+        git.run("push", "-q", "origin", "topic", cwd=work)
+        _clones(git, srv, tmp_path, "third")
+        counts = _store_counts(srv.port)
+        assert counts["based"] == 4, counts
+    finally:
+        srv.stop()
+
+
+def _rewrite_side(git: Git, repo: Path, tmp: Path, change: str) -> None:
+    """Make the commit only ``side`` reaches unreachable from what is advertised."""
+    if change == "delete":
+        git.run("update-ref", "-d", "refs/heads/side", cwd=repo)
+    elif change == "hide":
+        git.run("config", "uploadpack.hideRefs", "refs/heads/side", cwd=repo)
+    else:  # force-push: side rewritten from its parent
+        work, c = _work_clone(git, repo, tmp)
+        git.run("checkout", "-q", "-b", "side", "origin/side~1", cwd=work)
+        c.commit({"side.txt": "rewritten\n"}, "side 2")
+        git.run("push", "-q", "-f", "origin", "side", cwd=work)
+
+
+@pytest.mark.parametrize("change", ["delete", "hide", "force-push"])
+def test_ref_change_between_restarts_is_not_served_from_the_store(
+        warm_root: Path, git: Git, tmp_path: Path, change: str) -> None:
+    """A ref deleted, hidden or force-pushed: its old tip's objects must come neither from
+    the old tips' closure nor from one built on it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    repo = warm_root / "app.git"
+    _rewrite_side(git, repo, tmp_path, change)
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)
+        assert counts["loaded"] == counts["based"] == 0 and counts["missed"] >= 2, counts
         side = git.out("-C", str(tmp_path / "first-full"), "rev-parse", "side").strip()
         got = git.out("-C", str(tmp_path / "second-full"), "cat-file", "--batch-check",
                       input=(side + "\n").encode())
-        assert "missing" in got  # the deleted branch's commit was not sent
+        assert "missing" in got  # the old side's commit was not sent
     finally:
         srv.stop()
+
+
+def test_closure_from_a_stored_base_is_the_closure(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """Ref states drawn at random from the repository's objects (commits in and out of
+    the bitmap, tags, trees, blobs), one after another as pushes would leave them: at each
+    level, the closure built on the previous state's stored one is exactly the closure
+    walked from nothing. Both ways are taken: states whose old roots the new ones reach,
+    and states that drop one."""
+    repo = warm_root / "app.git"
+    listed = git.out("--git-dir", str(repo), "rev-list", "--objects", "--all")
+    objects = sorted({bytes.fromhex(line[:40]) for line in listed.splitlines()})
+    tags = git.out("--git-dir", str(repo), "for-each-ref", "--format=%(objectname)",
+                   "refs/tags").split()
+    objects += [bytes.fromhex(t) for t in tags]
+    state = ServerState.create(load_config({"root": str(warm_root)}, env={}))
+    ctx = state.view(state.scope(RequestRecord()), state.resolver.resolve("app.git"))
+    rng = random.Random(28)
+    taken = {True: 0, False: 0}
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        for level in (ALL, TREES, COMMITS):
+            (tmp_path / level).mkdir()
+            disk = ClosureStore(str(tmp_path / level), 1 << 26)
+            roots = set(rng.sample(objects, 3))
+            for _ in range(40):
+                bi.reach_cached(roots, ByteLRU("sets", 1 << 26), level=level, disk=disk)
+                disk.flush()
+                before = disk.stats.results["based"]
+                kept = set(rng.sample(sorted(roots), rng.randint(len(roots) // 2, len(roots))))
+                roots = kept | set(rng.sample(objects, rng.randint(1, 3)))
+                got = bi.reach_cached(roots, ByteLRU("sets", 1 << 26), level=level, disk=disk)
+                want = bi.reach(roots, level=level)
+                assert (got.bits, got.extra) == (want.bits, want.extra), level
+                taken[disk.stats.results["based"] > before] += 1
+    finally:
+        ctx.close()
+    assert taken[True] >= 10 and taken[False] >= 10, taken
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
