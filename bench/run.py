@@ -1025,6 +1025,12 @@ class Bench:
               f"{', '.join(paths)})", flush=True)
         return FetchOneCase(self, repo, served, self._template, new, ref)
 
+    @staticmethod
+    def pushes_before(case: Case) -> bool:
+        """``--cold-store pushed`` pushes before a cold clone of one repository only: fetch-1
+        checks for its own pushed commit, and the fleet's repositories are too small to edit."""
+        return not isinstance(case, (FetchOneCase, FleetCase))
+
     def run_case(self, variant: str, case: Case) -> None:
         print(f"  -- {case.name}: {self.cold_runs} B cold run(s), each on a restarted "
               f"gitspout, then {self.rounds} round(s) A B", flush=True)
@@ -1050,11 +1056,12 @@ class Bench:
                 if cold:
                     if self.cold_store == "empty" and self.b_cache is not None:
                         shutil.rmtree(self.b_cache / "gitspout-closures", ignore_errors=True)
-                    if self.cold_store == "pushed" and not prime:  # after the store was left
+                    if self.cold_store == "pushed" and not prime and self.pushes_before(case):
                         new, ref, _ = push_new_commit(case.served, self.scratch_path("push-work"),
                                                       self.rs.timeout)
                         print(f"  pushed {new[:12]} to {ref} before the restart", flush=True)
                         case.expected_refs = list_refs(case.served)
+                        os.sync()  # the push's writeback outside the measurement
                     b.restart()
                 first = False
                 side.ensure_alive()

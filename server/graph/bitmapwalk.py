@@ -45,6 +45,7 @@ ALL, TREES, COMMITS = "all", "trees", "commits"
 _LEVELS = (ALL, TREES, COMMITS)  # each answers the ones after it
 ROOTS = "roots"  # the roots of a stored closure: a base for the next ref state
 _BASES = 8  # stored root sets considered for a base
+_TRIES = 2  # of those, tried in turn when a base's roots are not all reached
 _DIGEST = 32  # bytes of an ids_digest
 _U64 = struct.Struct(">Q")
 
@@ -212,6 +213,8 @@ class BitmapIndex:
             return hit.copy()
         fuller = (level, *reversed(_LEVELS[: _LEVELS.index(level)]))
         hit = self.load_stored(disk, digest, fuller) if disk is not None else None
+        if hit is not None and disk is not None:  # a hot state stays a candidate base
+            disk.touch(*self._disk_key(digest, ROOTS)[:2])
         if hit is None:
             if disk is not None:
                 hit = self._reach_from_stored(roots, level, fuller, cache, disk)
@@ -240,13 +243,15 @@ class BitmapIndex:
         of the same pack, or None when there is no fit one.
 
         Of the last :data:`_BASES` root sets stored, the one with the fewest roots that
-        ``roots`` lack is tried (the newest of equals), from memory or the disk. Its
-        closure is exact for the new roots only when every one of its roots is reachable
-        from them: the walk then stops where it meets the base, which is closed
-        downwards. A root deleted, force-pushed away or newly hidden would bring in what
-        the new refs no longer reach, so the walk checks that it met each old root, or
-        OR-ed a bitmap holding it, before any tree is read; when one is not met, the
-        closure is walked whole (the caller does)."""
+        ``roots`` lack is tried first (then the fewest new roots, then the newest), from
+        memory or the disk. Its closure is exact for the new roots only when every one of
+        its roots is reachable from them: the walk then stops where it meets the base,
+        which is closed downwards. A root deleted, force-pushed away or newly hidden would
+        bring in what the new refs no longer reach, so the walk checks that it met each
+        old root, or OR-ed a bitmap holding it, before any tree is read. When one is not
+        met, the next candidate is tried (at most :data:`_TRIES`: an older state may
+        predate the branch that went), and then the closure is walked whole (the
+        caller does)."""
         scope = self._scope()
         prefix = f"{self.pack.checksum.hex()[:16]}-{ROOTS}-"
         new = set(roots)
@@ -256,6 +261,7 @@ class BitmapIndex:
             if stored is not None:
                 digest, old = stored
                 found.append((len(old - new), len(new - old), order, digest, old))
+        tries = _TRIES
         for *_, digest, old in sorted(found):
             held = self._cached(cache, digest, level)
             base = (held.copy() if held is not None
@@ -265,7 +271,10 @@ class BitmapIndex:
             reach = self._reach(roots, base, level, old - new)
             if reach is not None:
                 disk.count("based")
-            return reach
+                return reach
+            tries -= 1
+            if not tries:
+                break
         return None
 
     def _scope(self) -> str:
@@ -303,10 +312,9 @@ class BitmapIndex:
         if data is None or len(data) < _DIGEST or (len(data) - _DIGEST) % width:
             return None
         digest = data[:_DIGEST]
-        old = {data[k:k + width] for k in range(_DIGEST, len(data), width)}
-        if ids_digest(old) != digest:
-            return None
-        return digest, old
+        if digest.hex()[:40] != name.rsplit("-", 1)[1]:
+            return None  # the store checked the bytes; this checks whose they are
+        return digest, {data[k:k + width] for k in range(_DIGEST, len(data), width)}
 
     def _load_kinds(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str],
                     count: bool = True) -> Reach | None:

@@ -143,9 +143,19 @@ class ClosureStore:
             self._count("loaded")
         return found[1]
 
+    def touch(self, scope: str, name: str) -> None:
+        """Mark the record ``name`` as used now, if it exists: evicted last, and first in
+        :meth:`recent`."""
+        if self.enabled:
+            try:
+                os.utime(os.path.join(self.root, scope, name + SUFFIX))
+            except OSError:
+                pass
+
     def recent(self, scope: str, prefix: str, limit: int) -> list[str]:
         """The names (without suffix) of at most ``limit`` records of ``scope`` whose
-        names start with ``prefix``, most recently written or loaded first."""
+        names start with ``prefix``, most recently written, loaded or touched first (a
+        load with ``count_hit=False`` is a look, which does not count)."""
         if not self.enabled:
             return []
         found = []

@@ -294,6 +294,80 @@ def test_closure_from_a_stored_base_is_the_closure(
     assert taken[True] >= 10 and taken[False] >= 10, taken
 
 
+def _in_process(warm_root: Path):  # type: ignore[no-untyped-def]
+    state = ServerState.create(load_config({"root": str(warm_root)}, env={}))
+    return state.view(state.scope(RequestRecord()), state.resolver.resolve("app.git"))
+
+
+def _ids(git: Git, repo: Path, *revs: str) -> list[bytes]:
+    return [bytes.fromhex(git.out("--git-dir", str(repo), "rev-parse", r).strip()) for r in revs]
+
+
+def _age(cache: Path, seconds: float) -> None:
+    """Date every record back, so that the next write or touch is the newest."""
+    for f in cache.rglob("*.clo"):
+        st = f.stat()
+        os.utime(f, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """States main~2, then side (newest), then main: both lack one root of the new state
+    and have one it lacks, so the newest is tried first. It fails the check (side is not
+    reachable from main), and the older state is the base instead of a walk from
+    nothing. The closure is exact."""
+    repo = warm_root / "app.git"
+    old_main, new_main, side = _ids(git, repo, "main~2", "main", "side")
+    (tmp_path / "cache").mkdir()
+    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        bi.reach_cached([old_main], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        _age(tmp_path / "cache", 60)
+        bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        before = disk.stats.results["based"]
+        got = bi.reach_cached([new_main], ByteLRU("sets", 1 << 26), disk=disk)
+        assert disk.stats.results["based"] == before + 1, disk.stats.results
+        want = bi.reach([new_main])
+        assert (got.bits, got.extra) == (want.bits, want.extra)
+    finally:
+        ctx.close()
+
+
+def test_a_state_loaded_whole_stays_the_newest_base(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """A state read back whole from the store is touched as a base too: it is the first
+    of the recent root sets, ahead of one written later but not used since."""
+    repo = warm_root / "app.git"
+    main, side = _ids(git, repo, "main", "side")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    disk = ClosureStore(str(cache), 1 << 26)
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        _age(cache, 120)
+        bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        _age(cache, 60)
+        prefix = f"{bi.pack.checksum.hex()[:16]}-roots-"
+        scope = bi._scope()
+        side_first = disk.recent(scope, prefix, 8)
+        assert len(side_first) == 2
+        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded whole
+        assert disk.stats.results["loaded"] == 1, disk.stats.results
+        assert disk.recent(scope, prefix, 8) == side_first[::-1]
+    finally:
+        ctx.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 def test_damaged_store_file_is_removed_and_walked_again(
         warm_root: Path, git: Git, tmp_path: Path, damage: str) -> None:
