@@ -244,8 +244,9 @@ class ClosureStoreCollector:
         fam = CounterMetricFamily(
             "gitspout_closure_store",
             "Closures and layouts on the local disk by result: loaded (instead of "
-            "computed), missed (computed), based (computed on an earlier ref state's), "
-            "written, stale (pack replaced), corrupt, evicted, dropped.",
+            "computed), missed (computed), based (computed on an earlier ref state's; "
+            "also counted as missed), written, stale (pack replaced), corrupt, evicted, "
+            "dropped.",
             labels=["result"])
         for result in RESULTS:
             fam.add_metric([result], st.results.get(result, 0))

@@ -46,6 +46,7 @@ _LEVELS = (ALL, TREES, COMMITS)  # each answers the ones after it
 ROOTS = "roots"  # the roots of a stored closure: a base for the next ref state
 _BASES = 8  # stored root sets considered for a base
 _TRIES = 2  # of those, tried in turn when a base's roots are not all reached
+_TOUCH_EVERY = 30.0  # seconds: a roots record used from memory is touched at most so often
 _DIGEST = 32  # bytes of an ids_digest
 _U64 = struct.Struct(">Q")
 
@@ -210,10 +211,12 @@ class BitmapIndex:
         digest = ids_digest(roots)
         hit = self._cached(cache, digest, level)
         if hit is not None:
+            if disk is not None:  # a hot state stays a candidate base (_BASES)
+                disk.touch(*self._disk_key(digest, ROOTS)[:2], every=_TOUCH_EVERY)
             return hit.copy()
         fuller = (level, *reversed(_LEVELS[: _LEVELS.index(level)]))
         hit = self.load_stored(disk, digest, fuller) if disk is not None else None
-        if hit is not None and disk is not None:  # a hot state stays a candidate base
+        if hit is not None and disk is not None:
             disk.touch(*self._disk_key(digest, ROOTS)[:2])
         if hit is None:
             if disk is not None:
@@ -239,28 +242,32 @@ class BitmapIndex:
 
     def _reach_from_stored(self, roots: list[bytes], level: str, fuller: tuple[str, ...],
                            cache: ByteLRU[Reach], disk: ClosureStore) -> Reach | None:
-        """The closure of ``roots`` walked from the stored closure of an earlier ref state
-        of the same pack, or None when there is no fit one.
+        """The closure of ``roots`` walked from the stored closure of an earlier ref state of
+        the same pack, or None when there is no fit one.
 
-        Of the last :data:`_BASES` root sets stored, the one with the fewest roots that
-        ``roots`` lack is tried first (then the fewest new roots, then the newest), from
-        memory or the disk. Its closure is exact for the new roots only when every one of
-        its roots is reachable from them: the walk then stops where it meets the base,
-        which is closed downwards. A root deleted, force-pushed away or newly hidden would
-        bring in what the new refs no longer reach, so the walk checks that it met each
-        old root, or OR-ed a bitmap holding it, before any tree is read. When one is not
-        met, the next candidate is tried (at most :data:`_TRIES`: an older state may
-        predate the branch that went), and then the closure is walked whole (the
-        caller does)."""
+        Of the last :data:`_BASES` root sets stored that are at most about twice as large
+        as ``roots`` (a small fetch does not read a mirror's every ref), the one that
+        leaves the fewest new roots to walk is tried first (then the one with the fewest
+        roots that ``roots`` lack, then the newest), from memory or the disk: after a
+        push, the previous state of all the refs, rather than one tag's. Its closure is
+        exact for the new roots only when every one of its roots is reachable from them:
+        the walk then stops where it meets the base, which is closed downwards. A root
+        deleted, force-pushed away or newly hidden would bring in what the new refs no
+        longer reach, so the walk checks that it met each old root, or OR-ed a bitmap
+        holding it, before any tree is read. When one is not met, the next candidate is
+        tried (at most :data:`_TRIES`: an older state may predate the branch that went),
+        and then the closure is walked whole (the caller does)."""
         scope = self._scope()
         prefix = f"{self.pack.checksum.hex()[:16]}-{ROOTS}-"
         new = set(roots)
+        # a record's bytes: its header and identity (< 512), the digest, the ids
+        largest = 512 + _DIGEST + self.pack.hash_len * (2 * len(new) + 16)
         found: list[tuple[int, int, int, bytes, set[bytes]]] = []
-        for order, name in enumerate(disk.recent(scope, prefix, _BASES)):
+        for order, name in enumerate(disk.recent(scope, prefix, _BASES, largest)):
             stored = self._load_roots(disk, scope, name)
             if stored is not None:
                 digest, old = stored
-                found.append((len(old - new), len(new - old), order, digest, old))
+                found.append((len(new - old), len(old - new), order, digest, old))
         tries = _TRIES
         for *_, digest, old in sorted(found):
             held = self._cached(cache, digest, level)

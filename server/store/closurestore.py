@@ -107,6 +107,7 @@ class ClosureStore:
         self._queue: queue.Queue[tuple[str, str, bytes] | threading.Event] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._seq = 0
+        self._touched: dict[tuple[str, str], float] = {}  # (scope, name): monotonic time
         self.enabled = max_bytes > 0 and self._private_dir(self.root)
         if self.enabled:
             self.root = self._pinned(self.root)
@@ -143,19 +144,30 @@ class ClosureStore:
             self._count("loaded")
         return found[1]
 
-    def touch(self, scope: str, name: str) -> None:
+    def touch(self, scope: str, name: str, every: float = 0.0) -> None:
         """Mark the record ``name`` as used now, if it exists: evicted last, and first in
-        :meth:`recent`."""
-        if self.enabled:
-            try:
-                os.utime(os.path.join(self.root, scope, name + SUFFIX))
-            except OSError:
-                pass
+        :meth:`recent`. With ``every``, not again within that many seconds of this
+        process's last touch of it (a use on every request costs a syscall each)."""
+        if not self.enabled:
+            return
+        if every:
+            now = time.monotonic()
+            if now - self._touched.get((scope, name), -every) < every:
+                return
+            if len(self._touched) >= 4096:
+                self._touched.clear()
+            self._touched[scope, name] = now
+        try:
+            os.utime(os.path.join(self.root, scope, name + SUFFIX))
+        except OSError:
+            pass
 
-    def recent(self, scope: str, prefix: str, limit: int) -> list[str]:
+    def recent(self, scope: str, prefix: str, limit: int, largest: int | None = None
+               ) -> list[str]:
         """The names (without suffix) of at most ``limit`` records of ``scope`` whose
-        names start with ``prefix``, most recently written, loaded or touched first (a
-        load with ``count_hit=False`` is a look, which does not count)."""
+        names start with ``prefix`` (and whose files are at most ``largest`` bytes), most
+        recently written, loaded or touched first (a load with ``count_hit=False`` is a
+        look, which does not count)."""
         if not self.enabled:
             return []
         found = []
@@ -167,9 +179,11 @@ class ClosureStore:
             name = entry.name
             if name.startswith(prefix) and name.endswith(SUFFIX):
                 try:
-                    found.append((entry.stat(follow_symlinks=False).st_mtime, name))
+                    st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                if largest is None or st.st_size <= largest:
+                    found.append((st.st_mtime, name))
         found.sort(reverse=True)
         return [name[: -len(SUFFIX)] for _, name in found[:limit]]
 

@@ -33,6 +33,7 @@ from gitspout.server.store.closurestore import (
     encode_record,
 )
 from gitspout.server.store.lru import ByteLRU
+from gitspout.server.store.objformat import ids_digest
 from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
 from rawhttp import metric, request
 
@@ -338,6 +339,45 @@ def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
         ctx.close()
 
 
+def test_the_base_is_the_last_state_of_all_the_refs(
+        warm_root: Path, git: Git, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a push, the base is the previous state of all the refs, not a newer one of a
+    single tag's that leaves more to walk; and a stored state far larger than the new one
+    (a mirror's every ref, for a small fetch) is not even read."""
+    repo = warm_root / "app.git"
+    old_main, new_main, side, v1 = _ids(git, repo, "main~1", "main", "side", "v1")
+    listed = git.out("--git-dir", str(repo), "rev-list", "--objects", "--all")
+    many = [bytes.fromhex(line[:40]) for line in listed.splitlines()]
+    assert len(many) > 60  # more than twice the new state's 3 roots and a margin of 16
+    (tmp_path / "cache").mkdir()
+    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        for k, state in enumerate(([old_main, side, v1], [v1], many)):  # oldest first
+            bi.reach_cached(state, ByteLRU("sets", 1 << 26), disk=disk)
+            disk.flush()
+            _age(tmp_path / "cache", 60 * (3 - k))
+        bases: list[bytes] = []
+        read: list[str] = []
+        load_kinds, load_roots = bi._load_kinds, bi._load_roots
+        monkeypatch.setattr(bi, "_load_kinds", lambda d, digest, kinds, count=True: (
+            bases.append(digest) if not count else None, load_kinds(d, digest, kinds, count))[1])
+        monkeypatch.setattr(bi, "_load_roots", lambda d, scope, name: (
+            read.append(name), load_roots(d, scope, name))[1])
+        new = [new_main, side, v1]
+        before = disk.stats.results["based"]
+        got = bi.reach_cached(new, ByteLRU("sets", 1 << 26), disk=disk)
+        assert disk.stats.results["based"] == before + 1
+        assert bases == [ids_digest([old_main, side, v1])]
+        assert len(read) == 2 and ids_digest(many).hex()[:40] not in " ".join(read)
+        want = bi.reach(new)
+        assert (got.bits, got.extra) == (want.bits, want.extra)
+    finally:
+        ctx.close()
+
+
 def test_a_state_loaded_whole_stays_the_newest_base(
         warm_root: Path, git: Git, tmp_path: Path) -> None:
     """A state read back whole from the store is touched as a base too: it is the first
@@ -364,6 +404,40 @@ def test_a_state_loaded_whole_stays_the_newest_base(
         bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded whole
         assert disk.stats.results["loaded"] == 1, disk.stats.results
         assert disk.recent(scope, prefix, 8) == side_first[::-1]
+    finally:
+        ctx.close()
+
+
+def test_a_state_served_from_memory_stays_a_base(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """A live process serving one state from memory touches its roots record, at most
+    once in 30 seconds: it stays ahead of states written since, which only happens once."""
+    repo = warm_root / "app.git"
+    main, side = _ids(git, repo, "main", "side")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    disk = ClosureStore(str(cache), 1 << 26)
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        memory = ByteLRU("sets", 1 << 26)
+        bi.reach_cached([side], memory, disk=disk)
+        disk.flush()
+        _age(cache, 120)
+        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        _age(cache, 60)
+        prefix, scope = f"{bi.pack.checksum.hex()[:16]}-roots-", bi._scope()
+        main_first = disk.recent(scope, prefix, 8)
+        bi.reach_cached([side], memory, disk=disk)  # from memory
+        assert disk.stats.results["loaded"] == 0
+        side_first = disk.recent(scope, prefix, 8)
+        assert side_first == main_first[::-1]
+        _age(cache, 600)  # side's record now older than main's was; no touch within 30 s
+        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded: touched
+        bi.reach_cached([side], memory, disk=disk)
+        assert disk.recent(scope, prefix, 8) == main_first
     finally:
         ctx.close()
 
