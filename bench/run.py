@@ -719,7 +719,8 @@ class StormCase(ParallelCloneCase):
 
 
 def scrape_pack_cache(side: Side) -> dict[str, float]:
-    """gitspout's pack cache counters (lookups by result, bytes), straight from its port."""
+    """gitspout's pack cache counters (lookups by result, bytes) and closure store counters
+    (``store_<result>``: loaded, missed, based...), straight from its port."""
     import urllib.request
 
     if side.impl != "gitspout":
@@ -733,6 +734,8 @@ def scrape_pack_cache(side: Side) -> dict[str, float]:
     for m in re.finditer(r'^gitspout_pack_cache_(lookups_total\{result="(\w+)"\}|'
                          r'(served_bytes_total|generated_bytes_total)) (\S+)$', text, re.M):
         out[m.group(2) or m.group(3)] = float(m.group(4))
+    for m in re.finditer(r'^gitspout_closure_store_total\{result="(\w+)"\} (\S+)$', text, re.M):
+        out[f"store_{m.group(1)}"] = float(m.group(2))
     return out
 
 
