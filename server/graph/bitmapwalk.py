@@ -407,27 +407,43 @@ class BitmapIndex:
         """True when every object of ``check`` was met by the walk, or is in a bitmap it
         OR-ed: reachable from its roots. The roots found in the base were not walked:
         what they peel to and their bitmaps are looked at only if the walk's own do not
-        account for every object."""
+        account for every object, and then, for those with no bitmap, their commits'
+        history down to the bitmaps (commits only: a branch fast-forwarded into another
+        and deleted leaves an old root below a held one)."""
         left = [oid for oid in check if oid not in met.ids]
         if not left:
             return True
         bits = met.bits
+        unmapped: list[bytes] = []
         for root in met.held:
-            target, _, tags = self.src.peel(root)
+            target, type_num, tags = self.src.peel(root)
             met.ids.add(target)
             met.ids.update(tags)
             pos = self.pack.find(target)
             closure = self.bm.bitmap_at(pos) if pos >= 0 else None
             if closure is not None:
                 bits |= closure
+            elif type_num == OBJ_COMMIT:
+                unmapped.append(target)
+        left = self._unmet(left, met.ids, bits, {})
+        if not left or not unmapped:
+            return not left
+        below = self.new_reach()  # everything in it is reachable from a held root
+        self._walk_commits(below, unmapped)
+        return not self._unmet(left, met.ids, bits | below.bits, below.extra)
+
+    def _unmet(self, oids: list[bytes], ids: set[bytes], bits: int, extra: dict[bytes, int]
+               ) -> list[bytes]:
+        """Those of ``oids`` neither in ``ids`` or ``extra`` nor at a rank set in ``bits``."""
         view = bits.to_bytes(self.new_reach().nbytes, "little")
-        for oid in left:
-            if oid in met.ids:
+        out = []
+        for oid in oids:
+            if oid in ids or oid in extra:
                 continue
             rank = self.rank(oid)
             if rank is None or not view[rank >> 3] >> (rank & 7) & 1:
-                return False
-        return True
+                out.append(oid)
+        return out
 
     def _walk_commits(self, reach: Reach, start: list[bytes], met: _Met | None = None
                       ) -> list[_TreeRoot]:

@@ -20,6 +20,7 @@ from array import array
 from pathlib import Path
 
 import pytest
+from gitspout.protocol.filters import parse_filter_spec
 from gitspout.server.app.config import load_config
 from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
@@ -220,6 +221,39 @@ def test_push_between_restarts_walks_from_the_stored_closure(
         srv.stop()
 
 
+@pytest.mark.parametrize("merge", ["merge", "fast-forward"])
+def test_branch_merged_and_deleted_between_restarts_keeps_the_base(
+        warm_root: Path, git: Git, tmp_path: Path, merge: str) -> None:
+    """The usual life of a pull request: a topic branch pushed, then merged into main
+    (a merge commit, or main fast-forwarded to it) and deleted. Its tip is still
+    reachable, so the last stored closure is the base after the restart."""
+    repo = warm_root / "app.git"
+    work, c = _work_clone(git, repo, tmp_path)
+    c.commit({"top.txt": "main 0\n"}, "main 0")  # an old main that no tag names
+    git.run("checkout", "-q", "-b", "topic", cwd=work)
+    c.commit({"d1/topic.txt": "topic\n"}, "topic 1")
+    c.commit({"d2/topic.txt": "topic\n"}, "topic 2")
+    git.run("push", "-q", "origin", "main", "topic", cwd=work)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _first_process(git, warm_root, cache, tmp_path)
+    git.run("checkout", "-q", "main", cwd=work)
+    if merge == "merge":
+        c.commit({"top.txt": "main moved on\n"}, "main 1")
+        git.run("-c", "user.name=t", "-c", "user.email=t@x", "merge", "-q", "--no-ff",
+                "-m", "merge topic", "topic", cwd=work)
+    else:
+        git.run("merge", "-q", "--ff-only", "topic", cwd=work)
+    git.run("push", "-q", "origin", "main", ":topic", cwd=work)
+    srv = _start(warm_root, cache)
+    try:
+        _clones(git, srv, tmp_path, "second")
+        counts = _store_counts(srv.port)
+        assert counts["loaded"] == 0 and counts["based"] == 2, counts
+    finally:
+        srv.stop()
+
+
 def _rewrite_side(git: Git, repo: Path, tmp: Path, change: str) -> None:
     """Make the commit only ``side`` reaches unreachable from what is advertised."""
     if change == "delete":
@@ -335,6 +369,35 @@ def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
         assert disk.stats.results["based"] == before + 1, disk.stats.results
         want = bi.reach([new_main])
         assert (got.bits, got.extra) == (want.bits, want.extra)
+    finally:
+        ctx.close()
+
+
+def test_a_branch_fast_forwarded_in_and_deleted_keeps_the_base(
+        warm_root: Path, git: Git, tmp_path: Path) -> None:
+    """main at main~2 and a topic branch two commits ahead; main fast-forwarded to the
+    topic, which is deleted. The old main is below the held root, not met by any walk
+    from the new roots that leaves the base alone: the held root's commits are walked
+    down to it, and the base is used. The closure is exact."""
+    repo = warm_root / "app.git"
+    old_main, topic = _ids(git, repo, "main~2", "main")
+    (tmp_path / "cache").mkdir()
+    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        bi.reach_cached([old_main, topic], ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        for level in (ALL, TREES):  # for TREES, the ALL base (a superset) once filtered
+            before = disk.stats.results["based"]
+            got = bi.reach_cached([topic], ByteLRU("sets", 1 << 26), level=level, disk=disk)
+            assert disk.stats.results["based"] == before + 1, disk.stats.results
+            want = bi.reach([topic], level=level)
+            if level == TREES:
+                for r in (got, want):
+                    bi.apply_filter(r, parse_filter_spec("blob:none"), [topic])
+            assert (got.bits, got.extra) == (want.bits, want.extra), level
     finally:
         ctx.close()
 
