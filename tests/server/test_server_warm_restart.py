@@ -17,6 +17,7 @@ import os
 import random
 import re
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from gitspout.protocol.filters import parse_filter_spec
 from gitspout.server.app.config import load_config
 from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
-from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, open_bitmap_index
+from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, BitmapIndex, open_bitmap_index
 from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
@@ -345,65 +346,66 @@ def _age(cache: Path, seconds: float) -> None:
         os.utime(f, (st.st_atime - seconds, st.st_mtime - seconds))
 
 
+@pytest.fixture
+def indexed(warm_root: Path, tmp_path: Path) -> Iterator[tuple[Path, ClosureStore, BitmapIndex]]:
+    """(a cache directory, a closure store in it, app.git's bitmap index), in process."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ctx = _in_process(warm_root)
+    try:
+        bi = open_bitmap_index(ctx.src)
+        assert bi is not None
+        yield cache, ClosureStore(str(cache), 1 << 26), bi
+    finally:
+        ctx.close()
+
+
 def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
-        warm_root: Path, git: Git, tmp_path: Path) -> None:
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """States main~2, then side (newest), then main: both lack one root of the new state
     and have one it lacks, so the newest is tried first. It fails the check (side is not
     reachable from main), and the older state is the base instead of a walk from
     nothing. The closure is exact."""
     repo = warm_root / "app.git"
     old_main, new_main, side = _ids(git, repo, "main~2", "main", "side")
-    (tmp_path / "cache").mkdir()
-    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
-    ctx = _in_process(warm_root)
-    try:
-        bi = open_bitmap_index(ctx.src)
-        assert bi is not None
-        bi.reach_cached([old_main], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        _age(tmp_path / "cache", 60)
-        bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        before = disk.stats.results["based"]
-        got = bi.reach_cached([new_main], ByteLRU("sets", 1 << 26), disk=disk)
-        assert disk.stats.results["based"] == before + 1, disk.stats.results
-        want = bi.reach([new_main])
-        assert (got.bits, got.extra) == (want.bits, want.extra)
-    finally:
-        ctx.close()
+    cache, disk, bi = indexed
+    bi.reach_cached([old_main], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    _age(cache, 60)
+    bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    before = disk.stats.results["based"]
+    got = bi.reach_cached([new_main], ByteLRU("sets", 1 << 26), disk=disk)
+    assert disk.stats.results["based"] == before + 1, disk.stats.results
+    want = bi.reach([new_main])
+    assert (got.bits, got.extra) == (want.bits, want.extra)
 
 
 def test_a_branch_fast_forwarded_in_and_deleted_keeps_the_base(
-        warm_root: Path, git: Git, tmp_path: Path) -> None:
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """main at main~2 and a topic branch two commits ahead; main fast-forwarded to the
     topic, which is deleted. The old main is below the held root, not met by any walk
     from the new roots that leaves the base alone: the held root's commits are walked
     down to it, and the base is used. The closure is exact."""
     repo = warm_root / "app.git"
     old_main, topic = _ids(git, repo, "main~2", "main")
-    (tmp_path / "cache").mkdir()
-    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
-    ctx = _in_process(warm_root)
-    try:
-        bi = open_bitmap_index(ctx.src)
-        assert bi is not None
-        bi.reach_cached([old_main, topic], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        for level in (ALL, TREES):  # for TREES, the ALL base (a superset) once filtered
-            before = disk.stats.results["based"]
-            got = bi.reach_cached([topic], ByteLRU("sets", 1 << 26), level=level, disk=disk)
-            assert disk.stats.results["based"] == before + 1, disk.stats.results
-            want = bi.reach([topic], level=level)
-            if level == TREES:
-                for r in (got, want):
-                    bi.apply_filter(r, parse_filter_spec("blob:none"), [topic])
-            assert (got.bits, got.extra) == (want.bits, want.extra), level
-    finally:
-        ctx.close()
+    cache, disk, bi = indexed
+    bi.reach_cached([old_main, topic], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    for level in (ALL, TREES):  # for TREES, the ALL base (a superset) once filtered
+        before = disk.stats.results["based"]
+        got = bi.reach_cached([topic], ByteLRU("sets", 1 << 26), level=level, disk=disk)
+        assert disk.stats.results["based"] == before + 1, disk.stats.results
+        want = bi.reach([topic], level=level)
+        if level == TREES:
+            for r in (got, want):
+                bi.apply_filter(r, parse_filter_spec("blob:none"), [topic])
+        assert (got.bits, got.extra) == (want.bits, want.extra), level
 
 
 def test_the_base_is_the_last_state_of_all_the_refs(
-        warm_root: Path, git: Git, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """After a push, the base is the previous state of all the refs, not a newer one of a
     single tag's that leaves more to walk; and a stored state far larger than the new one
     (a mirror's every ref, for a small fetch) is not even read."""
@@ -412,97 +414,74 @@ def test_the_base_is_the_last_state_of_all_the_refs(
     listed = git.out("--git-dir", str(repo), "rev-list", "--objects", "--all")
     many = [bytes.fromhex(line[:40]) for line in listed.splitlines()]
     assert len(many) > 60  # more than twice the new state's 3 roots and a margin of 16
-    (tmp_path / "cache").mkdir()
-    disk = ClosureStore(str(tmp_path / "cache"), 1 << 26)
-    ctx = _in_process(warm_root)
-    try:
-        bi = open_bitmap_index(ctx.src)
-        assert bi is not None
-        for k, state in enumerate(([old_main, side, v1], [v1], many)):  # oldest first
-            bi.reach_cached(state, ByteLRU("sets", 1 << 26), disk=disk)
-            disk.flush()
-            _age(tmp_path / "cache", 60 * (3 - k))
-        bases: list[bytes] = []
-        read: list[str] = []
-        load_kinds, load_roots = bi._load_kinds, bi._load_roots
-        monkeypatch.setattr(bi, "_load_kinds", lambda d, digest, kinds, count=True: (
-            bases.append(digest) if not count else None, load_kinds(d, digest, kinds, count))[1])
-        monkeypatch.setattr(bi, "_load_roots", lambda d, scope, name: (
-            read.append(name), load_roots(d, scope, name))[1])
-        new = [new_main, side, v1]
-        before = disk.stats.results["based"]
-        got = bi.reach_cached(new, ByteLRU("sets", 1 << 26), disk=disk)
-        assert disk.stats.results["based"] == before + 1
-        assert bases == [ids_digest([old_main, side, v1])]
-        assert len(read) == 2 and ids_digest(many).hex()[:40] not in " ".join(read)
-        want = bi.reach(new)
-        assert (got.bits, got.extra) == (want.bits, want.extra)
-    finally:
-        ctx.close()
+    cache, disk, bi = indexed
+    for k, state in enumerate(([old_main, side, v1], [v1], many)):  # oldest first
+        bi.reach_cached(state, ByteLRU("sets", 1 << 26), disk=disk)
+        disk.flush()
+        _age(cache, 60 * (3 - k))
+    bases: list[bytes] = []
+    read: list[str] = []
+    load_kinds, load_roots = bi._load_kinds, bi._load_roots
+    monkeypatch.setattr(bi, "_load_kinds", lambda d, digest, kinds, count=True: (
+        bases.append(digest) if not count else None, load_kinds(d, digest, kinds, count))[1])
+    monkeypatch.setattr(bi, "_load_roots", lambda d, scope, name: (
+        read.append(name), load_roots(d, scope, name))[1])
+    new = [new_main, side, v1]
+    before = disk.stats.results["based"]
+    got = bi.reach_cached(new, ByteLRU("sets", 1 << 26), disk=disk)
+    assert disk.stats.results["based"] == before + 1
+    assert bases == [ids_digest([old_main, side, v1])]
+    assert len(read) == 2 and ids_digest(many).hex()[:40] not in " ".join(read)
+    want = bi.reach(new)
+    assert (got.bits, got.extra) == (want.bits, want.extra)
 
 
 def test_a_state_loaded_whole_stays_the_newest_base(
-        warm_root: Path, git: Git, tmp_path: Path) -> None:
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """A state read back whole from the store is touched as a base too: it is the first
     of the recent root sets, ahead of one written later but not used since."""
     repo = warm_root / "app.git"
     main, side = _ids(git, repo, "main", "side")
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    disk = ClosureStore(str(cache), 1 << 26)
-    ctx = _in_process(warm_root)
-    try:
-        bi = open_bitmap_index(ctx.src)
-        assert bi is not None
-        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        _age(cache, 120)
-        bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        _age(cache, 60)
-        prefix = f"{bi.pack.checksum.hex()[:16]}-roots-"
-        scope = bi._scope()
-        side_first = disk.recent(scope, prefix, 8)
-        assert len(side_first) == 2
-        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded whole
-        assert disk.stats.results["loaded"] == 1, disk.stats.results
-        assert disk.recent(scope, prefix, 8) == side_first[::-1]
-    finally:
-        ctx.close()
+    cache, disk, bi = indexed
+    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    _age(cache, 120)
+    bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    _age(cache, 60)
+    prefix = f"{bi.pack.checksum.hex()[:16]}-roots-"
+    scope = bi._scope()
+    side_first = disk.recent(scope, prefix, 8)
+    assert len(side_first) == 2
+    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded whole
+    assert disk.stats.results["loaded"] == 1, disk.stats.results
+    assert disk.recent(scope, prefix, 8) == side_first[::-1]
 
 
 def test_a_state_served_from_memory_stays_a_base(
-        warm_root: Path, git: Git, tmp_path: Path) -> None:
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """A live process serving one state from memory touches its roots record, at most
     once in 30 seconds: it stays ahead of states written since, which only happens once."""
     repo = warm_root / "app.git"
     main, side = _ids(git, repo, "main", "side")
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    disk = ClosureStore(str(cache), 1 << 26)
-    ctx = _in_process(warm_root)
-    try:
-        bi = open_bitmap_index(ctx.src)
-        assert bi is not None
-        memory = ByteLRU("sets", 1 << 26)
-        bi.reach_cached([side], memory, disk=disk)
-        disk.flush()
-        _age(cache, 120)
-        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
-        _age(cache, 60)
-        prefix, scope = f"{bi.pack.checksum.hex()[:16]}-roots-", bi._scope()
-        main_first = disk.recent(scope, prefix, 8)
-        bi.reach_cached([side], memory, disk=disk)  # from memory
-        assert disk.stats.results["loaded"] == 0
-        side_first = disk.recent(scope, prefix, 8)
-        assert side_first == main_first[::-1]
-        _age(cache, 600)  # side's record now older than main's was; no touch within 30 s
-        bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded: touched
-        bi.reach_cached([side], memory, disk=disk)
-        assert disk.recent(scope, prefix, 8) == main_first
-    finally:
-        ctx.close()
+    cache, disk, bi = indexed
+    memory = ByteLRU("sets", 1 << 26)
+    bi.reach_cached([side], memory, disk=disk)
+    disk.flush()
+    _age(cache, 120)
+    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+    _age(cache, 60)
+    prefix, scope = f"{bi.pack.checksum.hex()[:16]}-roots-", bi._scope()
+    main_first = disk.recent(scope, prefix, 8)
+    bi.reach_cached([side], memory, disk=disk)  # from memory
+    assert disk.stats.results["loaded"] == 0
+    side_first = disk.recent(scope, prefix, 8)
+    assert side_first == main_first[::-1]
+    _age(cache, 600)  # side's record now older than main's was; no touch within 30 s
+    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)  # loaded: touched
+    bi.reach_cached([side], memory, disk=disk)
+    assert disk.recent(scope, prefix, 8) == main_first
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
