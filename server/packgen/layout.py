@@ -96,6 +96,8 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
     if not ranks:
         return None
     order = array("I", ranks)
+    if _every_entry(pack, order):
+        return _whole_layout(pack, order)
     digest = hashlib.sha1(order.tobytes()).digest()
     key = (pack.key, digest, resolve is not None)
     hit = cache.get(key) if cache is not None else None
@@ -119,6 +121,28 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
         cache.put(key, _NONE if layout is None else layout,
                   200 if layout is None else layout.cost())
     return layout
+
+
+def _every_entry(pack: PackFile, order: array) -> bool:
+    """True when ``order`` (ascending, distinct) is every entry of ``pack``, none of them a
+    REF_DELTA: the whole body goes out as it is, every OFS_DELTA after its base."""
+    n = pack.count
+    return (len(order) == n and order[0] == 0 and order[-1] == n - 1
+            and not pack.has_ref_deltas())
+
+
+def _whole_layout(pack: PackFile, order: array) -> Layout:
+    """The layout of every entry: one segment, the pack's body from its first entry to its
+    trailer, nothing rewritten. After a push, a clone is the bitmapped pack whole plus the
+    loose objects: this spares it the header scan of a computed layout (0.35 s and 100 MB
+    on git/git's pack), and it is neither cached nor stored, as it costs less than either."""
+    offs = np.frombuffer(pack.sorted_offsets, dtype=np.uint64)
+    n = pack.count
+    first, end = int(offs[0]), int(offs[n])
+    bases = np.frombuffer(pack.base_ranks(), dtype=np.int32)
+    deltas = int(np.count_nonzero(bases != np.arange(n, dtype=np.int32)))
+    return Layout(order, as_array("Q", offs[:n] - offs[0]), b"", array("Q", [0, 0]),
+                  array("Q", [first]), array("Q", [end]), end - first, deltas, 0)
 
 
 # -- kept on the local disk (store/closurestore.py) ---------------------------------------

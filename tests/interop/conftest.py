@@ -6,6 +6,8 @@ The root holds
 * ``nobitmap.git``: the same, repacked without a bitmap (gitspout walks);
 * ``pushed.git``: the same history as a repository that only ever received pushes (packs
   completed by ``--fix-thin``, loose objects, no bitmap);
+* ``gcpushed.git``: ``hist.git`` after a push (three commits, a tag, a branch moved:
+  loose objects beside the bitmapped pack);
 * ``sha256.git``: a smaller sha256 history;
 * ``private/hist.git``: needs Basic credentials on both servers;
 * per fetch test, a fresh copy of ``hist.git`` or ``nobitmap.git`` that the test pushes
@@ -32,7 +34,7 @@ for _extra in (Path(__file__).resolve().parents[2], Path(__file__).resolve().par
         sys.path.append(str(_extra))  # bench.peer; rawhttp (tests/server)
 
 from gitutil import Git, copy_repo, start_server  # noqa: E402
-from history import Spec, build_source, make_shape  # noqa: E402
+from history import Spec, build_source, make_shape, push_new_commits  # noqa: E402
 from proxy import RecordingProxy  # noqa: E402
 from scenario import BACKEND, GITSPOUT, USERS, InteropRoot, Side, matrix_lines  # noqa: E402
 
@@ -52,6 +54,8 @@ def interop_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> InteropR
     _allow_filter(git, hist)
     _allow_filter(git, make_shape(git, src, root / "nobitmap.git", "nobitmap"))
     _allow_filter(git, make_shape(git, src, root / "pushed.git", "pushed"))
+    copy_repo(hist, root / "gcpushed.git")
+    push_new_commits(git, root / "gcpushed.git", base / "gcpushed-work")
     sha_src = build_source(git, base / "src256.git", Spec(commits=60, object_format="sha256"))
     _allow_filter(git, make_shape(git, sha_src, root / "sha256.git", "gc"))
     (root / "private").mkdir()

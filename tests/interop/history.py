@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from gitutil import Git
+from gitutil import Committer, Git
 
 WORDS = ("alpha beta gamma delta epsilon value index buffer result stream client server "
          "object commit tree blob pack offset window cache limit depth filter shallow "
@@ -205,3 +205,17 @@ def object_count(path: Path) -> int:
                          text=True, check=True, timeout=60).stdout
     vals = dict(line.split(": ") for line in out.splitlines())
     return int(vals["count"]) + int(vals["in-pack"])
+
+
+def push_new_commits(git: Git, served: Path, work: Path) -> None:
+    """Three commits editing files, a new annotated tag, and branch b1 moved: pushed into
+    ``served`` the way a developer would (its objects arrive loose)."""
+    git.run("clone", "-q", str(served), str(work))
+    c = Committer(git, work, start=1_700_000_000)
+    for n in range(3):
+        path = work / "src" / f"mod0{n}.py"
+        text = path.read_text().splitlines(True)
+        text[len(text) // 2] = f"    changed after the clone {n}\n"
+        c.commit({f"src/mod0{n}.py": "".join(text) + f"# more {n}\n"}, f"after clone {n}")
+    c.tag("v9.9", "after the clone")
+    git.run("push", "-q", "origin", "main", "v9.9", "main:b1", "--force", cwd=work)

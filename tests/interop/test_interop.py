@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from clients import CLIENTS, Client, ClientFailed, Creds, Unsupported
-from gitutil import Committer, Git
+from gitutil import Git
+from history import push_new_commits
 from scenario import (
     BACKEND,
     GITSPOUT,
@@ -83,29 +84,17 @@ def test_ls_remote(client: Client, sides: dict[str, Side], interop_root: Interop
     assert not problems, problems
 
 
-@pytest.mark.parametrize("repo", ["hist.git", "pushed.git"])
+@pytest.mark.parametrize("repo", ["hist.git", "pushed.git", "gcpushed.git"])
 def test_clone(client: Client, sides: dict[str, Side], interop_root: InteropRoot, git: Git,
                tmp_path: Path, repo: str) -> None:
     """A full clone; of ``pushed.git`` too: packs completed by --fix-thin, whose REF_DELTA
-    entries have their bases later in the pack file, and loose objects."""
+    entries have their bases later in the pack file, and loose objects; and of
+    ``gcpushed.git``, the bitmapped pack whole (its body copied as one run) and what a
+    push left loose."""
     back, ours = attempt_both(sides, tmp_path,
                               lambda side, dest: client.clone(side.url(repo), dest))
-    op = "clone" if repo == "hist.git" else "clone pushed"
+    op = {"hist.git": "clone", "pushed.git": "clone pushed"}.get(repo, "clone after a push")
     assert_clean(judge(git, client.name, op, back, ours, interop_root.root / repo))
-
-
-def _push_new_commits(git: Git, served: Path, work: Path) -> None:
-    """Three commits editing files, a new annotated tag, and branch b1 moved: pushed into
-    ``served`` the way a developer would (its objects arrive loose)."""
-    git.run("clone", "-q", str(served), str(work))
-    c = Committer(git, work, start=1_700_000_000)
-    for n in range(3):
-        path = work / "src" / f"mod0{n}.py"
-        text = path.read_text().splitlines(True)
-        text[len(text) // 2] = f"    changed after the clone {n}\n"
-        c.commit({f"src/mod0{n}.py": "".join(text) + f"# more {n}\n"}, f"after clone {n}")
-    c.tag("v9.9", "after the clone")
-    git.run("push", "-q", "origin", "main", "v9.9", "main:b1", "--force", cwd=work)
 
 
 @pytest.mark.parametrize("source", ["hist.git", "nobitmap.git"])
@@ -121,7 +110,7 @@ def test_fetch_new_commits(client: Client, sides: dict[str, Side], interop_root:
     if not back.ok:
         pytest.skip(f"{client.name} cannot clone git-http-backend: {back.error}")
     assert ours.ok, f"{client.name} clone from gitspout failed: {ours.error}"
-    _push_new_commits(git, served, tmp_path / "work")
+    push_new_commits(git, served, tmp_path / "work")
     problems = []
     dest_back, dest_ours = back.dest, ours.dest
     for op in ("fetch", "fetch again"):

@@ -560,6 +560,30 @@ def test_restarted_server_loads_a_large_layout(git: Git, tmp_path: Path) -> None
 # -- the store alone -------------------------------------------------------------------
 
 
+def test_clone_after_a_push_sends_the_pack_body_whole(git: Git, tmp_path: Path) -> None:
+    """After a push, a full clone is every entry of the bitmapped pack plus the loose
+    objects: the pack's body goes out as one run, with no layout computed (nor kept on
+    disk, where a blob:none clone's layout, of part of the pack, is). Real clones, equal
+    to ``file://``."""
+    root = tmp_path / "root"
+    root.mkdir()
+    _build_long(git, root)
+    work, c = _work_clone(git, root / "app.git", tmp_path)
+    c.commit({"d/pushed.txt": "pushed\n", "d/f1.txt": "changed by the push\n"}, "pushed")
+    git.run("push", "-q", "origin", "main", cwd=work)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    srv = _start(root, cache)
+    try:
+        _clone_equal(git, srv, tmp_path, "full", "")
+        _clone_equal(git, srv, tmp_path, "blobless", "blob:none")
+        layouts = poll(lambda: [p for p in _files(cache) if "-layout" in p.name], 30,
+                       "the blob:none clone's layout written")
+    finally:
+        srv.stop()
+    assert len(layouts) == 1, layouts  # the blob:none clone's alone
+
+
 def test_record_round_trip_and_damage() -> None:
     data = encode_record(b"identity", b"payload" * 100)
     assert decode_record(data) == (b"identity", b"payload" * 100)
