@@ -10,14 +10,19 @@ no cache is shared between them through hard links).
 
     .venv/bin/python -m bench.saturation [--repo bench/work/real/dulwich-gc.git]
         [--seconds 10] [--clone-seconds 30] [--copies 8] [--cores 1,2] [--mixes ci,clone]
-        [--rounds 3]
+        [--rounds 3] [--load wrk|trunc]
+
+``--load trunc`` sends the same jobs from ``bench/loadgen.c`` (built with the machine's
+``cc``), which discards each body in the kernel (``recv`` with ``MSG_TRUNC``) instead of
+copying it as wrk does: at the clone mix's gigabytes per second, wrk's copying needs most
+of the core that a second server worker would use on a 2-core machine.
 
 The server is pinned with ``taskset`` (every process and thread, forks inherit it): to
-CPU 0 with wrk on CPU 1; then to CPUs 0-1 with wrk on CPU 1 too. On a 2-core machine the
-second case has wrk competing with the server (wrk is cheap, a few % of a core: reported).
-Every body is checked once per server before the run (a 200 with a pack in it); wrk's
-non-2xx count is reported. CPU per job is the server cgroup's CPU time over the run
-divided by the jobs.
+CPU 0 with the load generator on CPU 1; then to CPUs 0-1 with the load generator on CPU 1
+too. On a 2-core machine the second case has the load generator competing with the server
+(its CPU time is reported as ``load_cpu``). Every body is checked once per server before
+the run (a 200 with a pack in it); the non-2xx count is reported. CPU per job is the
+server cgroup's CPU time over the run divided by the jobs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -163,6 +170,30 @@ def run_wrk(port: int, script: Path, conns: int, seconds: float, cpus: str) -> d
                 int(x) for x in re.findall(r"\d+", errs.group(1))))}
 
 
+LOADGEN_SRC = Path(__file__).resolve().parent / "loadgen.c"
+
+
+def build_loadgen(work: Path) -> Path:
+    """bench/loadgen.c, compiled into ``work`` (kept while the source is older)."""
+    exe = work / "loadgen"
+    if not exe.exists() or exe.stat().st_mtime < LOADGEN_SRC.stat().st_mtime:
+        subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(LOADGEN_SRC)],
+                       check=True, timeout=120)
+    return exe
+
+
+def run_trunc(exe: Path, port: int, bodies: tuple[Path, Path], conns: int, seconds: float,
+              cpus: str, copies: int) -> dict[str, float]:
+    """The same jobs as :data:`LUA`, by ``loadgen`` (the module doc)."""
+    out = subprocess.run(["taskset", "-c", cpus, str(exe), LOOPBACK, str(port), str(conns),
+                          f"{seconds:g}", str(copies), str(bodies[0]), str(bodies[1])],
+                         capture_output=True, text=True, check=True,
+                         timeout=seconds + 120).stdout
+    got = dict(line.split() for line in out.splitlines() if line.strip())
+    return {"requests": float(got["requests"]), "non2xx": float(got["non2xx"]),
+            "socket_errors": float(got["errors"]), "bytes": float(got["bytes"])}
+
+
 def make_root(repo: Path, root: Path, copies: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for i in range(copies):
@@ -171,8 +202,11 @@ def make_root(repo: Path, root: Path, copies: int) -> None:
             shutil.copytree(repo, dest, symlinks=True)
 
 
-def one_cell(make: object, name: str, mix: str, script: Path, bodies: tuple[bytes, bytes],
-             cores: int, args: argparse.Namespace) -> dict[str, object]:
+def one_cell(make: object, name: str, mix: str, load: Callable[[int, float], dict[str, float]],
+             bodies: tuple[bytes, bytes], cores: int, args: argparse.Namespace
+             ) -> dict[str, object]:
+    """One run of ``mix`` against one server; ``load(port, seconds)`` is the load
+    generator (wrk, or loadgen), on CPU 1."""
     server_cpus = "0" if cores == 1 else "0-1"
     assert callable(make)
     seconds = args.clone_seconds if mix == "clone" else args.seconds
@@ -180,11 +214,11 @@ def one_cell(make: object, name: str, mix: str, script: Path, bodies: tuple[byte
     with make() as srv:
         pin(srv, server_cpus)
         check_bodies(srv.port, bodies)
-        run_wrk(srv.port, script, CONCURRENCY[mix], warmup, "1")  # warm caches
+        load(srv.port, warmup)  # warm caches
         wrk_cpu0 = _self_children_cpu()
         srv.reset_counters()
         t0 = time.monotonic()
-        res = run_wrk(srv.port, script, CONCURRENCY[mix], seconds, "1")
+        res = load(srv.port, seconds)
         wall = time.monotonic() - t0
         cpu = srv.cpu_ns() / 1e9
         wrk_cpu = _self_children_cpu() - wrk_cpu0
@@ -212,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", default="1,2")
     ap.add_argument("--mixes", default="ci,clone")
     ap.add_argument("--servers", default="gitspout-w1,gitspout-w2,c-git")
+    ap.add_argument("--load", choices=("wrk", "trunc"), default="wrk",
+                    help="the load generator: wrk with a Lua script, or bench/loadgen.c, "
+                         "which drops bodies in the kernel (the module doc)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of every cell, interleaved across servers; the table gives "
                          "medians (a shared machine's noise hits one run, not all)")
@@ -228,21 +265,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Gitspout(root) as srv:
             recorded = record(srv.url, root / "d0.git", work)
-        scripts = {}
+        loads: dict[str, Callable[[int, float], dict[str, float]]] = {}
+        exe = build_loadgen(root.parent) if args.load == "trunc" else None
         for mix, (ls, fetch) in recorded.items():
-            (work / f"{mix}.ls").write_bytes(ls)
-            (work / f"{mix}.fetch").write_bytes(fetch)
+            files = (work / f"{mix}.ls", work / f"{mix}.fetch")
+            files[0].write_bytes(ls)
+            files[1].write_bytes(fetch)
+            conns = CONCURRENCY[mix]
+            if exe is not None:
+                loads[mix] = partial(lambda port, secs, files, conns: run_trunc(
+                    exe, port, files, conns, secs, "1", args.copies), files=files, conns=conns)
+                continue
             script = work / f"{mix}.lua"
             script.write_text(LUA % {"copies": args.copies, "ct": UPLOAD_CT,
-                                     "ls": work / f"{mix}.ls", "fetch": work / f"{mix}.fetch"})
-            scripts[mix] = script
-        print(f"load average before: {os.getloadavg()}", flush=True)
+                                     "ls": files[0], "fetch": files[1]})
+            loads[mix] = partial(lambda port, secs, script, conns: run_wrk(
+                port, script, conns, secs, "1"), script=script, conns=conns)
+        print(f"load generator: {args.load}; load average before: {os.getloadavg()}",
+              flush=True)
         runs: list[dict[str, object]] = []
         for mix in args.mixes.split(","):
             for cores in (int(c) for c in args.cores.split(",")):
                 for _ in range(args.rounds):
                     for name in args.servers.split(","):
-                        row = one_cell(servers[name], name, mix, scripts[mix], recorded[mix],
+                        row = one_cell(servers[name], name, mix, loads[mix], recorded[mix],
                                        cores, args)
                         runs.append(row)
                         print(_fmt(row), f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -255,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fmt(r: dict[str, object]) -> str:
     return (f"{r['mix']:5} cores={r['cores']} {r['server']:12} jobs/s={r['jobs_s']:.1f} "
-            f"cpu/job={r['cpu_ms_job']:.1f} ms wrk_cpu={r['wrk_cpu_s']:.2f} s "
+            f"cpu/job={r['cpu_ms_job']:.1f} ms load_cpu={r['wrk_cpu_s']:.2f} s "
             f"non2xx={r['non2xx']:.0f} sockerr={r['socket_errors']:.0f}")
 
 

@@ -284,6 +284,11 @@ class BitmapIndex:
                 break
         return None
 
+    def delta_facts(self, disk: ClosureStore | None) -> tuple[bool, int]:
+        """The bitmapped pack's delta facts (``PackFile.delta_facts``), kept in the
+        closure store beside its closures, and swept with them once it is replaced."""
+        return self.pack.delta_facts(disk, self._scope())
+
     def _scope(self) -> str:
         """The closure store's scope of this repository: its objects directory, so that
         the files of a pack replaced there can be found and removed."""

@@ -171,8 +171,12 @@ def _from_bitmaps(order: PackOrder, objects: ObjectAccess, bi: BitmapIndex) -> P
     # every delta in the pack is an OFS_DELTA, and a REF_DELTA may precede its base (as
     # index-pack --fix-thin leaves a pushed pack, its bases appended at the end), which
     # libgit2 and isomorphic-git cannot resolve. C git's repack never writes one.
-    if (not reach.extra and order.ofs_delta and reach.bits == (1 << pack.count) - 1
-            and not pack.has_ref_deltas()):
+    # Every entry with loose objects beside (a clone after a push) is one run of the
+    # pack's body (packgen/layout.py): either way, whether the pack holds a REF_DELTA is
+    # asked, and kept in the closure store for the next process.
+    whole = (order.ofs_delta and reach.bits == (1 << pack.count) - 1
+             and not bi.delta_facts(objects.caches.closures.disk)[0])
+    if whole and not reach.extra:
         return WholePackSource(pack)
     ranks = iter_set_bits(reach.bits, pack.count)
     selection = select_objects(objects.odb, list(reach.extra), base={id(pack): ranks},

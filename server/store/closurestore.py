@@ -104,7 +104,7 @@ class ClosureStore:
         self.stats = ClosureStoreStats()
         self._lock = threading.Lock()
         self._swept: set[tuple[str, str]] = set()
-        self._queue: queue.Queue[tuple[str, str, bytes] | threading.Event] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, str, bytes, bool] | threading.Event] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._touched: dict[tuple[str, str], float] = {}  # (scope, name): monotonic time
@@ -212,9 +212,11 @@ class ClosureStore:
 
     # -- writing ---------------------------------------------------------------------
 
-    def save(self, scope: str, name: str, identity: bytes, payload: bytes) -> None:
+    def save(self, scope: str, name: str, identity: bytes, payload: bytes,
+             count: bool = True) -> None:
         """Write the record in the background (dropped, and counted, when the writer is
-        behind by :data:`QUEUE_MAX` records)."""
+        behind by :data:`QUEUE_MAX` records). Without ``count``, its writing is not
+        counted as ``written`` (a pack's facts: neither a closure nor a layout)."""
         if not self.enabled:
             return
         data = encode_record(identity, payload)
@@ -229,7 +231,7 @@ class ClosureStore:
         if self._queue.qsize() >= QUEUE_MAX:
             self._count("dropped")
             return
-        self._queue.put_nowait((scope, name, data))
+        self._queue.put_nowait((scope, name, data, count))
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every record queued so far is written (tests, shutdown)."""
@@ -251,7 +253,7 @@ class ClosureStore:
                 log.warning("closure store: cannot write %s: %s", item[1], exc)
                 self._count("dropped")
 
-    def _write(self, scope: str, name: str, data: bytes) -> None:
+    def _write(self, scope: str, name: str, data: bytes, count: bool = True) -> None:
         folder = os.path.join(self.root, scope)
         try:
             os.mkdir(folder, 0o700)
@@ -282,7 +284,8 @@ class ClosureStore:
                 self.stats.bytes = sum(size for _, size, _ in files)
             else:
                 self.stats.bytes += len(data) - old
-            self.stats.results["written"] += 1
+            if count:
+                self.stats.results["written"] += 1
             over = self.stats.bytes > self.max_bytes
         if over:
             self._evict(files)

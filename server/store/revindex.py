@@ -8,6 +8,7 @@ kept within --cache-memory (``PackFile.derived``).
 from __future__ import annotations
 
 import mmap
+import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -22,7 +23,20 @@ from .objformat import OFS_DELTA, REF_DELTA, trailer_matches
 from .packentry import EntryHeader, PackFormatError
 from .packscan import base_ranks_of
 
+if TYPE_CHECKING:
+    from .closurestore import ClosureStore
+
 __all__ = ["ReverseIndex", "as_array", "sort_positions"]
+
+_FACTS = struct.Struct("<?Q")  # has a REF_DELTA, deltas
+
+
+def _facts_key(pack: ReverseIndex, scope: str) -> tuple[str, str, bytes]:
+    """(scope, name, identity) of a pack's delta facts in the closure store: named by the
+    pack's checksum, as its closures are (swept with them once the pack is replaced), and
+    identified by the checksum and the entry count (a pack never changes)."""
+    checksum = pack.checksum
+    return scope, f"{checksum.hex()[:16]}-deltas", checksum + str(pack.count).encode()
 
 
 def as_array(code: str, values: np.ndarray) -> array:
@@ -93,6 +107,8 @@ class ReverseIndex:
         def derived(self, kind: str, compute: Callable[[], tuple[Any, int]]) -> Any: ...
         def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError: ...
         def pack_checksum(self) -> bytes: ...
+        @property
+        def checksum(self) -> bytes: ...
         def read_header(self, offset: int) -> EntryHeader: ...
         def read_into(self, view: memoryview, offset: int) -> int: ...
 
@@ -222,11 +238,35 @@ class ReverseIndex:
         return ranks
 
     def has_ref_deltas(self) -> bool:
-        """True when an entry of this pack is a REF_DELTA (kept: one look at the base
-        ranks per pack)."""
-        found: bool = self.derived("ref_deltas", lambda: (
-            bool((np.frombuffer(self.base_ranks(), dtype=np.int32) < 0).any()), 8))
-        return found
+        """True when an entry of this pack is a REF_DELTA (:meth:`delta_facts`)."""
+        return self.delta_facts()[0]
+
+    def delta_facts(self, disk: ClosureStore | None = None, scope: str = "") -> tuple[bool, int]:
+        """Whether an entry of this pack is a REF_DELTA, and how many entries are deltas:
+        one look at the base ranks per pack, kept in memory, and in ``disk`` (the closure
+        store, under ``scope``: graph/bitmapwalk.py keeps a bitmapped pack's there) for the
+        next process. The base ranks are a scan of every entry's header (0.2 s and 30 MB
+        on git/git's 841k entries): a restarted process that sends a pack whole, verbatim
+        or as one run, needs only these two facts of it."""
+        facts: tuple[bool, int] = self.derived("delta_facts", lambda: (
+            self._delta_facts(disk, scope), 64))
+        return facts
+
+    def _delta_facts(self, disk: ClosureStore | None, scope: str) -> tuple[bool, int]:
+        where = _facts_key(self, scope) if disk is not None and scope else None
+        if disk is not None and where is not None:
+            # Not counted as a closure or a layout loaded or missed; touched as used.
+            data = disk.load(*where, count_miss=False, count_hit=False)
+            if data is not None and len(data) == _FACTS.size:
+                ref, deltas = _FACTS.unpack(data)
+                disk.touch(*where[:2])
+                return bool(ref), deltas
+        ranks = np.frombuffer(self.base_ranks(), dtype=np.int32)
+        facts = (bool((ranks < 0).any()),
+                 int(np.count_nonzero(ranks != np.arange(len(ranks), dtype=np.int32))))
+        if disk is not None and where is not None:
+            disk.save(*where, _FACTS.pack(*facts), count=False)
+        return facts
 
     def _compute_base_ranks(self) -> tuple[array, int]:
         out = array("i", base_ranks_of(self).tobytes())  # one vector pass (packscan.py)

@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gitspout.protocol.filters import parse_filter_spec
 from gitspout.server.app.config import load_config
@@ -36,6 +37,7 @@ from gitspout.server.store.closurestore import (
 )
 from gitspout.server.store.lru import ByteLRU
 from gitspout.server.store.objformat import ids_digest
+from gitspout.server.store.packs import PackFile
 from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
 from rawhttp import metric, request
 
@@ -582,6 +584,43 @@ def test_clone_after_a_push_sends_the_pack_body_whole(git: Git, tmp_path: Path) 
     finally:
         srv.stop()
     assert len(layouts) == 1, layouts  # the blob:none clone's alone
+
+
+@pytest.mark.parametrize("ofs", [True, False])
+def test_a_packs_delta_facts_are_kept_for_the_next_process(git: Git, tmp_path: Path,
+                                                           ofs: bool) -> None:
+    """Whether a pack holds a REF_DELTA, and how many deltas: computed from every entry's
+    header once, then read from the store by a new process's PackFile, which reads no
+    header for them. Not counted as a closure or a layout loaded, missed or written."""
+    root = tmp_path / "root"
+    root.mkdir()
+    _build_long(git, root)
+    repo = root / "app.git"
+    # Without OFS_DELTA, pack-objects writes every delta as a REF_DELTA.
+    git.run("-c", f"repack.useDeltaBaseOffset={str(ofs).lower()}", "repack", "-q", "-adf",
+            cwd=repo)
+    (base,) = [str(p)[:-5] for p in (repo / "objects" / "pack").glob("*.pack")]
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "other").mkdir()
+    store = ClosureStore(str(tmp_path / "cache"), 1 << 20)
+    assert store.enabled
+    first = PackFile(base, 20, ("first", base))
+    bases = np.frombuffer(first.base_ranks(), dtype=np.int32)
+    want = (bool((bases < 0).any()),
+            int(np.count_nonzero(bases != np.arange(len(bases), dtype=np.int32))))
+    assert want[0] is not ofs and want[1] > 1000
+    assert first.delta_facts(store, "scope") == want
+    store.flush()
+    assert [p.name for p in _files(tmp_path / "cache")] == [f"{first.checksum.hex()[:16]}-deltas.clo"]
+    second = PackFile(base, 20, ("second", base))
+    assert second.delta_facts(store, "scope") == want
+    assert second.has_ref_deltas() is want[0]
+    assert "base_ranks" not in second.extra  # read from the store, not from the pack
+    assert store.stats.results["written"] == store.stats.results["loaded"] == 0
+    # A store that lost the record: computed again.
+    other = ClosureStore(str(tmp_path / "other"), 1 << 20)
+    third = PackFile(base, 20, ("third", base))
+    assert third.delta_facts(other, "scope") == want and "base_ranks" in third.extra
 
 
 def test_record_round_trip_and_damage() -> None:
