@@ -11,7 +11,8 @@
  *
  *   loadgen HOST PORT CONNS SECONDS COPIES LS_BODY FETCH_BODY
  *
- * Prints "requests N", "non2xx N", "errors N", "bytes N" (body bytes dropped).
+ * Prints "requests N", "non2xx N", "errors N", "bytes N" (body bytes dropped) and
+ * "seconds S" (from the start until the last answer ended).
  * Built by saturation.py with the machine's cc; not part of the server.
  */
 #define _GNU_SOURCE
@@ -152,8 +153,9 @@ static int answer(struct conn *c, int *close_after) {
         for (;;) {
             if (line(c, &s, &n) < 0) return -1;
             c->buf[s + n] = 0; /* the CR: in the buffer, already consumed */
-            long size = strtol(c->buf + s, NULL, 16);
-            if (size < 0) return -1;
+            char *end;
+            long size = strtol(c->buf + s, &end, 16);
+            if (size < 0 || end == c->buf + s || (*end && *end != ';')) return -1;
             if (size == 0) {
                 do { /* trailers, up to the empty line */
                     if (line(c, &s, &n) < 0) return -1;
@@ -166,7 +168,10 @@ static int answer(struct conn *c, int *close_after) {
         if (drop(c, (size_t)length) < 0) return -1;
     } else if (length < 0) {
         *close_after = 1; /* to the end of the stream */
-        while (recv(c->fd, c->scratch, DROP, MSG_TRUNC) > 0) {}
+        drop(c, c->have - c->at);
+        ssize_t k;
+        while ((k = recv(c->fd, c->scratch, DROP, MSG_TRUNC)) > 0)
+            atomic_fetch_add(&dropped, (long)k);
     }
     return status;
 }
@@ -198,6 +203,7 @@ static void *run(void *arg) {
                           "Accept: application/x-git-upload-pack-result\r\n"
                           "Content-Length: %zu\r\n\r\n",
                           repo, host, port, body_len[step - 1]);
+        if (hl < 0 || (size_t)hl >= sizeof head) exit(2);
         int close_after = 1;
         int status = -1;
         if (send_all(c->fd, head, (size_t)hl) == 0 &&
@@ -228,7 +234,7 @@ static char *slurp(const char *path, size_t *len) {
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)size + 1);
+    char *p = size >= 0 ? malloc((size_t)size + 1) : NULL;
     if (!p || fread(p, 1, (size_t)size, f) != (size_t)size) exit(2);
     fclose(f);
     *len = (size_t)size;
@@ -247,8 +253,12 @@ int main(int argc, char **argv) {
     copies = atoi(argv[5]);
     bodies[0] = slurp(argv[6], &body_len[0]);
     bodies[1] = slurp(argv[7], &body_len[1]);
-    if (conns < 1 || copies < 1 || seconds <= 0) return 2;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    struct in_addr probe;
+    if (conns < 1 || copies < 1 || seconds <= 0 || inet_pton(AF_INET, host, &probe) != 1)
+        return 2;
+    struct timespec start, stop;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    deadline = start;
     deadline.tv_sec += (time_t)seconds;
     deadline.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
     if (deadline.tv_nsec >= 1000000000L) {
@@ -257,12 +267,17 @@ int main(int argc, char **argv) {
     }
     pthread_t *t = calloc((size_t)conns, sizeof *t);
     struct conn *cs = calloc((size_t)conns, sizeof *cs);
+    if (!t || !cs) return 2;
     for (int i = 0; i < conns; i++) {
         cs[i].scratch = malloc(DROP);
-        pthread_create(&t[i], NULL, run, &cs[i]);
+        if (!cs[i].scratch || pthread_create(&t[i], NULL, run, &cs[i])) return 2;
     }
     for (int i = 0; i < conns; i++) pthread_join(t[i], NULL);
-    printf("requests %ld\nnon2xx %ld\nerrors %ld\nbytes %ld\n", atomic_load(&requests),
-           atomic_load(&non2xx), atomic_load(&errors), atomic_load(&dropped));
+    clock_gettime(CLOCK_MONOTONIC, &stop);
+    /* requests that ended after the deadline are counted: so is the time they took */
+    double took = (double)(stop.tv_sec - start.tv_sec) + (stop.tv_nsec - start.tv_nsec) / 1e9;
+    printf("requests %ld\nnon2xx %ld\nerrors %ld\nbytes %ld\nseconds %.3f\n",
+           atomic_load(&requests), atomic_load(&non2xx), atomic_load(&errors),
+           atomic_load(&dropped), took);
     return 0;
 }

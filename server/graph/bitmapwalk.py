@@ -28,6 +28,7 @@ from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NUMS, ids_digest
 from ..store.odb import ObjectSnapshot
 from ..store.packs import PackFile
+from ..store.revindex import facts_name
 from .commits import CommitInfo, CommitSource
 from .treewalk import TreeDiffWalk
 
@@ -286,8 +287,14 @@ class BitmapIndex:
 
     def delta_facts(self, disk: ClosureStore | None) -> tuple[bool, int]:
         """The bitmapped pack's delta facts (``PackFile.delta_facts``), kept in the
-        closure store beside its closures, and swept with them once it is replaced."""
-        return self.pack.delta_facts(disk, self._scope())
+        closure store beside its closures, and swept with them once it is replaced;
+        touched as used (at most every _TOUCH_EVERY seconds), as a closure served from
+        memory is, so that a busy repository's are not the first evicted."""
+        scope = self._scope()
+        facts = self.pack.delta_facts(disk, scope)
+        if disk is not None:
+            disk.touch(scope, facts_name(self.pack), every=_TOUCH_EVERY)
+        return facts
 
     def _scope(self) -> str:
         """The closure store's scope of this repository: its objects directory, so that

@@ -128,6 +128,7 @@ def _every_entry(pack: PackFile, order: array) -> bool:
     REF_DELTA: the whole body goes out as it is, every OFS_DELTA after its base."""
     n = pack.count
     return (len(order) == n and order[0] == 0 and order[-1] == n - 1
+            and np.array_equal(np.frombuffer(order, dtype=np.uint32), np.arange(n))
             and not pack.has_ref_deltas())
 
 

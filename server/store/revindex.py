@@ -26,17 +26,21 @@ from .packscan import base_ranks_of
 if TYPE_CHECKING:
     from .closurestore import ClosureStore
 
-__all__ = ["ReverseIndex", "as_array", "sort_positions"]
+__all__ = ["ReverseIndex", "as_array", "facts_name", "sort_positions"]
 
 _FACTS = struct.Struct("<?Q")  # has a REF_DELTA, deltas
 
 
+def facts_name(pack: ReverseIndex) -> str:
+    """The name of a pack's delta facts in the closure store: it starts with the pack's
+    checksum, as its closures' names do (swept with them once the pack is replaced)."""
+    return f"{pack.checksum.hex()[:16]}-deltas"
+
+
 def _facts_key(pack: ReverseIndex, scope: str) -> tuple[str, str, bytes]:
-    """(scope, name, identity) of a pack's delta facts in the closure store: named by the
-    pack's checksum, as its closures are (swept with them once the pack is replaced), and
-    identified by the checksum and the entry count (a pack never changes)."""
-    checksum = pack.checksum
-    return scope, f"{checksum.hex()[:16]}-deltas", checksum + str(pack.count).encode()
+    """(scope, name, identity) of a pack's delta facts in the closure store, identified by
+    the pack's checksum and entry count (a pack never changes) and the record's format."""
+    return scope, facts_name(pack), pack.checksum + b"|%d|deltas1" % pack.count
 
 
 def as_array(code: str, values: np.ndarray) -> array:
@@ -259,7 +263,6 @@ class ReverseIndex:
             data = disk.load(*where, count_miss=False, count_hit=False)
             if data is not None and len(data) == _FACTS.size:
                 ref, deltas = _FACTS.unpack(data)
-                disk.touch(*where[:2])
                 return bool(ref), deltas
         ranks = np.frombuffer(self.base_ranks(), dtype=np.int32)
         facts = (bool((ranks < 0).any()),

@@ -19,9 +19,10 @@ for _extra in (REPO_TOP, REPO_TOP / "tests" / "server"):
     if str(_extra) not in sys.path:
         sys.path.append(str(_extra))  # bench; rawhttp
 
-from bench.saturation import build_loadgen, record, run_trunc  # noqa: E402
 from gitutil import Committer, Git, start_server  # noqa: E402
 from rawhttp import request  # noqa: E402
+
+from bench.saturation import build_loadgen, record, run_trunc  # noqa: E402
 
 
 def _sums(port: int) -> dict[str, float]:
@@ -35,8 +36,8 @@ def _sums(port: int) -> dict[str, float]:
 
 @pytest.mark.timeout(120)
 def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path) -> None:
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler")
+    if shutil.which("cc") is None or shutil.which("taskset") is None:
+        pytest.skip("no C compiler, or no taskset (util-linux)")
     exe = build_loadgen(tmp_path)
     work = tmp_path / "work"
     git.run("init", "-q", "-b", "main", str(work))
