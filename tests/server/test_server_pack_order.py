@@ -113,17 +113,30 @@ def _fix_thin_like(git: Git, gitdir: Path) -> None:
     git.run("fsck", "--no-dangling", cwd=gitdir)
 
 
+def _push_after_gc(git: Git, gitdir: Path, work: Path) -> None:
+    """A bitmapped pack, then a push into it (loose objects): a clone is every entry of
+    the pack, copied as one run of its body (packgen/layout.py), and the loose objects."""
+    git.run("repack", "-q", "-adb", "--depth=50", "--window=50", cwd=gitdir)
+    git.run("clone", "-q", str(gitdir), str(work))
+    c = Committer(git, work, start=1_700_000_000)
+    text = (work / "a.txt").read_text()
+    c.commit({"a.txt": text.replace("line 7 ", "pushed 7 "), "new.txt": "new\n"}, "pushed")
+    git.run("push", "-q", "origin", "main", cwd=work)
+    assert git.out("count-objects", cwd=gitdir).split()[0] != "0"
+
+
 @pytest.fixture(scope="module")
 def order_root(tmp_path_factory: pytest.TempPathFactory, git: Git) -> Path:
     root = tmp_path_factory.mktemp("orderroot")
     work = tmp_path_factory.mktemp("orderwork") / "w"
     _history(git, work)
-    for name in ("gc.git", "refdelta.git", "fixthin.git"):
+    for name in ("gc.git", "refdelta.git", "fixthin.git", "gcpushed.git"):
         git.run("clone", "-q", "--bare", "--no-local", str(work), str(root / name))
         git.run("config", "uploadpack.allowFilter", "true", cwd=root / name)
     git.run("repack", "-q", "-adb", "--depth=50", "--window=50", cwd=root / "gc.git")
     git.run("-c", "repack.useDeltaBaseOffset=false", "repack", "-q", "-adfb", cwd=root / "refdelta.git")
     _fix_thin_like(git, root / "fixthin.git")
+    _push_after_gc(git, root / "gcpushed.git", work.parent / "pushwork")
     un = root / "un.git"
     git.run("init", "-q", "--bare", str(un))
     for rev in ("main~16", "main~8", "main"):
@@ -167,7 +180,8 @@ def _request(git: Git, gitdir: Path, shape: str, ofs: bool) -> tuple[bytes, set[
     return body, {bytes.fromhex(line.split()[0]) for line in listing.splitlines()}
 
 
-@pytest.mark.parametrize("repo", ["gc.git", "un.git", "refdelta.git", "fixthin.git"])
+@pytest.mark.parametrize("repo", ["gc.git", "un.git", "refdelta.git", "fixthin.git",
+                                  "gcpushed.git"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("ofs", [True, False])
 def test_every_delta_follows_its_base(git: Git, order_server: LiveServer, order_root: Path,
