@@ -27,6 +27,7 @@ from gitspout.server.app.config import load_config
 from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
 from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, BitmapIndex, open_bitmap_index
+from gitspout.server.packgen import layout
 from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
@@ -584,6 +585,28 @@ def test_clone_after_a_push_sends_the_pack_body_whole(git: Git, tmp_path: Path) 
     finally:
         srv.stop()
     assert len(layouts) == 1, layouts  # the blob:none clone's alone
+
+
+def test_the_one_run_layout_is_the_computed_one(git: Git, tmp_path: Path) -> None:
+    """Every entry of a pack: the one-run layout places each entry where the computed
+    layout does (later deltas against them refer to those places); a selection one entry
+    short, or of repeated ranks, is not taken for every entry."""
+    root = tmp_path / "root"
+    root.mkdir()
+    _build_long(git, root)
+    (base,) = [str(p)[:-5] for p in (root / "app.git" / "objects" / "pack").glob("*.pack")]
+    pack = PackFile(base, 20, ("one-run", base))
+    n = pack.count
+    whole = layout.layout_for(pack, range(n))
+    computed = layout._vector_layout(pack, array("I", range(n)), False)
+    assert whole is not None and computed is not None and type(whole) is not type(computed)
+    assert len(whole.starts) == len(computed.starts) == 1
+    assert (whole.starts, whole.stops, whole.size, whole.deltas, whole.literals) == (
+        computed.starts, computed.stops, computed.size, computed.deltas, computed.literals)
+    assert [whole.out_offset(r) for r in range(n)] == [computed.out_offset(r) for r in range(n)]
+    assert whole.out_offset(n) is None
+    assert not layout._every_entry(pack, array("I", range(n - 1)))
+    assert not layout._every_entry(pack, array("I", [0, *range(n - 2), n - 1]))
 
 
 @pytest.mark.parametrize("ofs", [True, False])
