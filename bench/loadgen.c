@@ -43,6 +43,7 @@ static atomic_long requests, non2xx, errors, dropped;
 static struct timespec deadline;
 
 struct conn {
+    long index;
     int fd;
     char buf[BUF];
     size_t have, at; /* bytes in buf, and where unread ones start */
@@ -179,7 +180,9 @@ static int answer(struct conn *c, int *close_after) {
 static void *run(void *arg) {
     struct conn *c = arg;
     char head[1024];
-    long n = 0;
+    /* Connection i starts at job i: the connections spread over the copies, as the wrk
+     * script's one counter spreads its requests, instead of moving in step. */
+    long n = 3 * c->index;
     c->fd = -1;
     while (!expired()) {
         if (c->fd < 0 && dial(c) < 0) {
@@ -269,6 +272,7 @@ int main(int argc, char **argv) {
     struct conn *cs = calloc((size_t)conns, sizeof *cs);
     if (!t || !cs) return 2;
     for (int i = 0; i < conns; i++) {
+        cs[i].index = i;
         cs[i].scratch = malloc(DROP);
         if (!cs[i].scratch || pthread_create(&t[i], NULL, run, &cs[i])) return 2;
     }

@@ -1,8 +1,9 @@
 """bench/loadgen.c, the saturation benchmark's load generator that drops bodies in the
 kernel: built with the machine's C compiler and run for a second against a live gitspout
 with request bodies recorded from real git, it counts exactly the requests gitspout
-answered and exactly the body bytes gitspout wrote (a produced pack is chunked, a cache
-hit has a Content-Length: both are read to their ends, or the counts would part).
+answered and exactly the body bytes gitspout wrote (ls-refs and the first answer of a
+fetch are chunked, an identical fetch answered from the cache has a Content-Length: each
+is read to its end, or the counts would part).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path) -> No
     finally:
         srv.stop()
     assert got["non2xx"] == 0 and got["socket_errors"] == 0, got
-    assert got["requests"] >= 6, got
+    assert got["requests"] >= 3, got
     # /metrics is not a git request: counted in neither
     assert got["requests"] == after["gitspout_requests_total"] - before["gitspout_requests_total"]
     assert got["bytes"] == (after["gitspout_response_bytes_total"]
