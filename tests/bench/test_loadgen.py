@@ -20,7 +20,7 @@ for _extra in (REPO_TOP, REPO_TOP / "tests" / "server"):
     if str(_extra) not in sys.path:
         sys.path.append(str(_extra))  # bench; rawhttp
 
-from gitutil import Committer, Git, start_server  # noqa: E402
+from gitutil import Committer, Git, poll, start_server  # noqa: E402
 from rawhttp import request  # noqa: E402
 
 from bench.saturation import build_loadgen, record, run_trunc  # noqa: E402
@@ -56,7 +56,11 @@ def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path) -> No
             path.write_bytes(body)
         before = _sums(srv.port)
         got = run_trunc(exe, srv.port, files, 2, 1.0, "0-1", 1)
-        after = _sums(srv.port)
+        # The server counts a streamed answer once its last write returned: the client may
+        # have read it a moment before. Nothing else asks meanwhile: its count only grows.
+        after = poll(lambda: (a := _sums(srv.port))["gitspout_requests_total"]
+                     - before["gitspout_requests_total"] >= got["requests"] and a,
+                     10, "the server's count of the requests loadgen counted")
     finally:
         srv.stop()
     assert got["non2xx"] == 0 and got["socket_errors"] == 0, got
