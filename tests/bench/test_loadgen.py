@@ -36,7 +36,8 @@ def _sums(port: int) -> dict[str, float]:
 
 
 @pytest.mark.timeout(120)
-def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path) -> None:
+def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     if shutil.which("cc") is None or shutil.which("taskset") is None:
         pytest.skip("no C compiler, or no taskset (util-linux)")
     exe = build_loadgen(tmp_path)
@@ -48,6 +49,7 @@ def test_loadgen_counts_what_the_server_answered(git: Git, tmp_path: Path) -> No
     root = tmp_path / "root"
     root.mkdir()
     git.run("clone", "-q", "--bare", str(work), str(root / "d0.git"))
+    monkeypatch.setenv("HOME", str(git.home))  # record() runs git: the tests' config, not ours
     srv = start_server(root)
     try:
         bodies = record(srv.url, root / "d0.git", tmp_path / "rec")
