@@ -363,6 +363,12 @@ def indexed(warm_root: Path, tmp_path: Path) -> Iterator[tuple[Path, ClosureStor
         ctx.close()
 
 
+def _stored(bi: BitmapIndex, disk: ClosureStore, roots: list[bytes]) -> None:
+    """The closure of ``roots`` computed with a fresh memory cache, and on disk."""
+    bi.reach_cached(roots, ByteLRU("sets", 1 << 26), disk=disk)
+    disk.flush()
+
+
 def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
         warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """States main~2, then side (newest), then main: both lack one root of the new state
@@ -372,11 +378,9 @@ def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
     repo = warm_root / "app.git"
     old_main, new_main, side = _ids(git, repo, "main~2", "main", "side")
     cache, disk, bi = indexed
-    bi.reach_cached([old_main], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [old_main])
     _age(cache, 60)
-    bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [side])
     before = disk.stats.results["based"]
     got = bi.reach_cached([new_main], ByteLRU("sets", 1 << 26), disk=disk)
     assert disk.stats.results["based"] == before + 1, disk.stats.results
@@ -393,8 +397,7 @@ def test_a_branch_fast_forwarded_in_and_deleted_keeps_the_base(
     repo = warm_root / "app.git"
     old_main, topic = _ids(git, repo, "main~2", "main")
     cache, disk, bi = indexed
-    bi.reach_cached([old_main, topic], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [old_main, topic])
     for level in (ALL, TREES):  # for TREES, the ALL base (a superset) once filtered
         before = disk.stats.results["based"]
         got = bi.reach_cached([topic], ByteLRU("sets", 1 << 26), level=level, disk=disk)
@@ -419,8 +422,7 @@ def test_the_base_is_the_last_state_of_all_the_refs(
     assert len(many) > 60  # more than twice the new state's 3 roots and a margin of 16
     cache, disk, bi = indexed
     for k, state in enumerate(([old_main, side, v1], [v1], many)):  # oldest first
-        bi.reach_cached(state, ByteLRU("sets", 1 << 26), disk=disk)
-        disk.flush()
+        _stored(bi, disk, state)
         _age(cache, 60 * (3 - k))
     bases: list[bytes] = []
     read: list[str] = []
@@ -446,11 +448,9 @@ def test_a_state_loaded_whole_stays_the_newest_base(
     repo = warm_root / "app.git"
     main, side = _ids(git, repo, "main", "side")
     cache, disk, bi = indexed
-    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [main])
     _age(cache, 120)
-    bi.reach_cached([side], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [side])
     _age(cache, 60)
     prefix = f"{bi.pack.checksum.hex()[:16]}-roots-"
     scope = bi._scope()
@@ -472,8 +472,7 @@ def test_a_state_served_from_memory_stays_a_base(
     bi.reach_cached([side], memory, disk=disk)
     disk.flush()
     _age(cache, 120)
-    bi.reach_cached([main], ByteLRU("sets", 1 << 26), disk=disk)
-    disk.flush()
+    _stored(bi, disk, [main])
     _age(cache, 60)
     prefix, scope = f"{bi.pack.checksum.hex()[:16]}-roots-", bi._scope()
     main_first = disk.recent(scope, prefix, 8)
