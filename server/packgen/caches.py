@@ -10,7 +10,7 @@ from ..graph.closures import ClosureCaches
 from ..graph.enumeration import Enumeration
 from ..store.lru import ByteLRU
 from ..store.registry import PackRegistry
-from .layout import Layout
+from .layoutrecord import Layout
 from .selection import Selection
 
 __all__ = ["PackCaches", "WALKS_BUDGET", "SELECTIONS_BUDGET", "FILTERED_BUDGET", "LAYOUTS_BUDGET"]

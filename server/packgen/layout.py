@@ -5,9 +5,9 @@ clone: blob:none keeps trees and commits, whose deltas are against trees and com
 whole output for that pack is known before a byte is written: entries are copied as they
 are, and an OFS_DELTA whose base moved closer (the entries between them were left out) has
 its distance rewritten, as git's ``write_reused_pack_one`` does. The result is a list of
-segments, each a few literal bytes (a rewritten header) and a range of the pack, emitted
-from large reads with a few Python steps per segment instead of per entry
-(docs/ARCHITECTURE.md I5).
+segments (packgen/layoutrecord.py), each a few literal bytes (a rewritten header) and a
+range of the pack, emitted from large reads with a few Python steps per segment instead of
+per entry (docs/ARCHITECTURE.md I5).
 
 A layout depends only on the pack and the entries chosen, never on the request, so it is
 kept across requests (``pack_layouts``, counted in --cache-memory): a second identical
@@ -17,12 +17,9 @@ filtered clone only reads and sends.
 from __future__ import annotations
 
 import hashlib
-import os
-import struct
-import sys
 import zlib
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,45 +32,12 @@ from ..store.packentry import encode_entry_header, encode_ofs_distance
 from ..store.packs import PackFile
 from ..store.packscan import HEAD_BYTES, scan_headers
 from ..store.revindex import as_array
+from .layoutrecord import DISK_LAYOUT_ENTRIES, Layout, disk_key, encode_layout, load_layout
 
 __all__ = ["Layout", "layout_for"]
 
 WINDOW = 4 << 20  # pack bytes read at once while laying out or copying
 _HEADER_MAX = 32  # type/size varint (at most 10 bytes) + OFS varint (at most 10)
-
-@dataclass(slots=True)
-class Layout:
-    """Entries ``ranks`` of one pack, laid out: ``out_rel[k]`` is where entry ``ranks[k]``
-    starts, relative to where the first one goes. Segment ``i`` writes
-    ``literals[lit_at[i]:lit_at[i + 1]]``, then the pack's bytes ``[starts[i], stops[i])``."""
-
-    ranks: array
-    out_rel: array
-    literals: bytes
-    lit_at: array
-    starts: array
-    stops: array
-    size: int
-    deltas: int
-    rewritten: int
-    generated: int = 0
-
-    def out_offset(self, rank: int) -> int | None:
-        """Relative output offset of entry ``rank``, or None when it is not in the layout."""
-        k = bisect_left(self.ranks, rank)
-        if k < len(self.ranks) and self.ranks[k] == rank:
-            return self.out_rel[k]  # type: ignore[no-any-return]
-        return None
-
-    def cost(self) -> int:
-        return (len(self.literals) + 8 * len(self.lit_at) + 8 * len(self.starts)
-                + 8 * len(self.stops) + 12 * len(self.ranks) + 200)
-
-    def segments_between(self, first: int, last: int) -> range:
-        """Indexes of the segments that start at or after pack offset ``first`` and
-        before ``last``."""
-        return range(bisect_left(self.starts, first), bisect_right(self.starts, last - 1))
-
 
 Resolve = Callable[[bytes], tuple[int, bytes]]
 """Reads an object by id: (type number, data)."""
@@ -104,8 +68,8 @@ def layout_for(pack: PackFile, ranks: Sequence[int], resolve: Resolve | None = N
     if hit is not None:
         return None if hit is _NONE else hit
     stored = disk if disk is not None and len(order) >= DISK_LAYOUT_ENTRIES else None
-    where = _disk_key(pack, digest, resolve is not None, compression)
-    layout = _load_layout(stored, where, order) if stored is not None else None
+    where = disk_key(pack, digest, resolve is not None, compression)
+    layout = load_layout(stored, where, order) if stored is not None else None
     if layout is None:
         try:
             layout = _vector_layout(pack, order, resolve is not None)
@@ -158,61 +122,6 @@ class _WholeLayout(Layout):
         if 0 <= rank < len(self.ranks):
             return self.offs[rank] - self.offs[0]  # type: ignore[no-any-return]
         return None
-
-
-# -- kept on the local disk (store/closurestore.py) ---------------------------------------
-
-DISK_LAYOUT_ENTRIES = 4096  # smaller layouts cost less to compute than a file
-_LAYOUT_HEAD = struct.Struct("<10Q")
-_ARRAYS = ("ranks", "out_rel", "lit_at", "starts", "stops")
-
-
-def _disk_key(pack: PackFile, digest: bytes, resolve: bool, level: int) -> tuple[str, str, bytes]:
-    """(scope, name, identity) of a layout: the pack's checksum and size, the ranks,
-    whether entries may be written whole and at what compression, and this machine's
-    byte order (the arrays are kept as they are in memory)."""
-    scope = hashlib.sha256(os.path.dirname(pack.base).encode() + b"\0layouts").hexdigest()[:20]
-    name = f"{pack.checksum.hex()[:16]}-layout{int(resolve)}-{digest.hex()}"
-    identity = b"|".join((pack.checksum, str(pack.count).encode(), digest,
-                          b"%d,%d,%s" % (resolve, level, sys.byteorder.encode())))
-    return scope, name, identity
-
-
-def encode_layout(layout: Layout) -> bytes:
-    """A layout as the closure store keeps it: sizes, then the arrays and the literals."""
-    arrays = [getattr(layout, name) for name in _ARRAYS]
-    head = _LAYOUT_HEAD.pack(*(len(a) for a in arrays), len(layout.literals), layout.size,
-                             layout.deltas, layout.rewritten, layout.generated)
-    return b"".join([head, *(a.tobytes() for a in arrays), layout.literals])
-
-
-def decode_layout(data: bytes, order: array) -> Layout | None:
-    """The layout :func:`encode_layout` wrote for the entries ``order``; None when
-    ``data`` is not one."""
-    if len(data) < _LAYOUT_HEAD.size:
-        return None
-    *counts, n_lit, size, deltas, rewritten, generated = _LAYOUT_HEAD.unpack_from(data)
-    at = _LAYOUT_HEAD.size
-    arrays = []
-    for code, n in zip("IQQQQ", counts, strict=True):
-        a = array(code)
-        end = at + n * a.itemsize
-        if end > len(data):
-            return None
-        a.frombytes(data[at:end])
-        arrays.append(a)
-        at = end
-    if at + n_lit != len(data) or arrays[0] != order:
-        return None
-    ranks, out_rel, lit_at, starts, stops = arrays
-    return Layout(ranks, out_rel, data[at:], lit_at, starts, stops, size, deltas, rewritten,
-                  generated)
-
-
-def _load_layout(disk: ClosureStore, where: tuple[str, str, bytes], order: array
-                 ) -> Layout | None:
-    data = disk.load(*where)
-    return decode_layout(data, order) if data is not None else None
 
 
 _SLOW = Layout(array("I"), array("Q"), b"", array("Q", [0]), array("Q"), array("Q"), 0, 0, 0)

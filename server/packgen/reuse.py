@@ -19,7 +19,8 @@ from ..store.objformat import OFS_DELTA, REF_DELTA
 from ..store.odb import PackedLocation
 from ..store.packentry import encode_entry_header
 from ..store.packs import PackFile
-from .layout import Layout, layout_for
+from .layout import layout_for
+from .layoutrecord import Layout
 from .selection import SelectedPack
 from .sources import CHUNK, PackOut
 from .stats import Progress

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packs import PackFile
-from .layout import Layout
+from .layoutrecord import Layout
 
 __all__ = ["SelectedPack", "Selection", "select_objects", "ThinCheck"]
 

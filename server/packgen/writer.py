@@ -21,7 +21,7 @@ from ..store.objformat import OBJ_TREE, OFS_DELTA, REF_DELTA
 from ..store.odb import ObjectSnapshot, PackedLocation
 from ..store.packentry import encode_entry_header
 from .delta import line_delta
-from .layout import Layout
+from .layoutrecord import Layout
 from .selection import SelectedPack, Selection, ThinCheck
 from .sources import CHUNK, PackOut
 from .stats import PackStats

@@ -28,7 +28,7 @@ from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
 from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, BitmapIndex, open_bitmap_index
 from gitspout.server.packgen import layout
-from gitspout.server.packgen.layout import Layout, decode_layout, encode_layout
+from gitspout.server.packgen.layoutrecord import Layout, decode_layout, encode_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
     TMP_AGE,
@@ -517,7 +517,7 @@ def test_damaged_store_file_is_removed_and_walked_again(
 def _build_long(git: Git, root: Path) -> None:
     """long.git: 1,500 commits by fast-import, each changing a file under d/: a blob:none
     clone sends over 4,096 entries of the bitmapped pack, whose layout is kept on disk
-    (packgen/layout.py DISK_LAYOUT_ENTRIES)."""
+    (packgen/layoutrecord.py DISK_LAYOUT_ENTRIES)."""
     repo = root / "app.git"
     git.run("init", "-q", "--bare", "-b", "main", str(repo))
     parts = []
