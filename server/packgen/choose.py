@@ -24,6 +24,7 @@ from .order import PackOrder
 from .reuse import ReusePackSource
 from .selection import Selection, ThinCheck, select_objects
 from .sources import PackSource, WholePackSource
+from .walkrecord import load_walk, save_walk, touch_walk
 
 __all__ = ["choose_source"]
 
@@ -78,13 +79,21 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     # where every walk stops.
     enum = caches.walks.get(order.key)
     if enum is None:
-        try:
-            enum = enumerate_objects(objects.src, list(order.wants), order.haves,
-                                     order.shallow_cut, order.filter, order.tags,
-                                     max_commits=SMALL_FETCH_COMMITS if max_objects else None)
-        except WalkTooLong:
-            return None
+        # A large walk is kept on the local disk for the next process (walkrecord.py).
+        disk = caches.closures.disk if max_objects is None else None
+        enum = load_walk(disk, odb, order) if disk is not None else None
+        if enum is None:
+            try:
+                enum = enumerate_objects(objects.src, list(order.wants), order.haves,
+                                         order.shallow_cut, order.filter, order.tags,
+                                         max_commits=SMALL_FETCH_COMMITS if max_objects else None)
+            except WalkTooLong:
+                return None
+            if disk is not None:
+                save_walk(disk, odb, order, enum)
         caches.walks.put(order.key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects))
+    elif max_objects is None and caches.closures.disk is not None:
+        touch_walk(caches.closures.disk, odb, order, enum)
     if max_objects is not None and len(enum.objects) > max_objects:
         return None
     listed = [oid for oid, _ in enum.objects]

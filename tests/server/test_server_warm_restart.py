@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,9 @@ from gitspout.server.store.closurestore import (
 from gitspout.server.store.lru import ByteLRU
 from gitspout.server.store.objformat import ids_digest
 from gitspout.server.store.packs import PackFile
-from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
-from rawhttp import metric, request
+from gitutil import Committer, Git, LiveServer, poll, start_server
+from rawhttp import metric
+from warmkit import clone_equal, store_counts, store_files
 
 FILTERS = ("blob:none", "")  # blob:none first: a full closure would answer it
 
@@ -82,37 +82,13 @@ def warm_root(tmp_path: Path, git: Git) -> Path:
     return root
 
 
-def _store_counts(port: int) -> dict[str, float]:
-    resp = request(port, "GET", "/metrics")
-    assert resp.status == 200
-    out = {}
-    for line in resp.text.splitlines():
-        m = re.match(r'gitspout_closure_store_total\{result="(\w+)"\} (\S+)$', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
-
-
 def _start(root: Path, cache: Path, *extra: str) -> LiveServer:
     return start_server(root, ["--pack-cache-dir", str(cache), *extra])
 
 
-def _clone_equal(git: Git, srv: LiveServer, tmp: Path, name: str, spec: str) -> None:
-    """A real mirror clone over HTTP (filtered by ``spec``), fsck-clean and holding what
-    the same clone over ``file://`` holds."""
-    filt = [f"--filter={spec}"] if spec else []
-    dest, ref = tmp / name, tmp / f"{name}-file"
-    git.run("-c", "protocol.version=2", "clone", "-q", "--mirror", *filt,
-            f"{srv.url}/app.git", str(dest))
-    git.run("clone", "-q", "--mirror", "--no-local", *filt,
-            f"file://{srv.root / 'app.git'}", str(ref))
-    fsck(git, dest)
-    assert repo_state(git, dest) == repo_state(git, ref)
-
-
 def _clones(git: Git, srv: LiveServer, tmp: Path, tag: str) -> None:
     for spec in FILTERS:
-        _clone_equal(git, srv, tmp, f"{tag}-{spec or 'full'}", spec)
+        clone_equal(git, srv, tmp, f"{tag}-{spec or 'full'}", spec)
 
 
 def _first_process(git: Git, root: Path, cache: Path, tmp: Path, *extra: str) -> dict[str, float]:
@@ -120,7 +96,7 @@ def _first_process(git: Git, root: Path, cache: Path, tmp: Path, *extra: str) ->
     srv = _start(root, cache, *extra)
     try:
         _clones(git, srv, tmp, "first")
-        counts = poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+        counts = poll(lambda: (c := store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
                       30, "closures written")
         assert counts["loaded"] == 0 and counts["missed"] >= 2, counts
     finally:
@@ -128,20 +104,16 @@ def _first_process(git: Git, root: Path, cache: Path, tmp: Path, *extra: str) ->
     return counts
 
 
-def _files(cache: Path) -> list[Path]:
-    return sorted((cache / STORE_DIR).glob("*/*.clo"))
-
-
 def test_restarted_server_loads_closures_instead_of_walking(
         warm_root: Path, git: Git, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
     _first_process(git, warm_root, cache, tmp_path)
-    assert len(_files(cache)) >= 2
+    assert len(store_files(cache)) >= 2
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         # One closure a clone, read from the disk; no closure walked (none missed).
         assert counts["loaded"] == 2 and counts["missed"] == 0, counts
         assert counts["stale"] == counts["corrupt"] == 0, counts
@@ -157,10 +129,10 @@ def test_workers_share_the_store_across_a_restart(
     srv = _start(warm_root, cache, "--workers", "2")
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)  # summed over the workers
+        counts = store_counts(srv.port)  # summed over the workers
         assert counts["loaded"] == 2 and counts["missed"] == 0, counts
         # The bytes of the one shared directory, once: each worker counts it whole.
-        on_disk = sum(p.stat().st_size for p in _files(cache))
+        on_disk = sum(p.stat().st_size for p in store_files(cache))
         assert metric(srv.port, "gitspout_closure_store_bytes") == on_disk
     finally:
         srv.stop()
@@ -171,7 +143,7 @@ def test_repack_between_restarts_makes_the_closures_stale(
     cache = tmp_path / "cache"
     cache.mkdir()
     _first_process(git, warm_root, cache, tmp_path)
-    old = _files(cache)
+    old = store_files(cache)
     # A new bitmapped pack of new commits: the old bitmap's checksum names no pack now.
     work = tmp_path / "work"
     git.run("clone", "-q", str(warm_root / "app.git"), str(work))
@@ -181,9 +153,9 @@ def test_repack_between_restarts_makes_the_closures_stale(
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         assert counts["loaded"] == 0 and counts["stale"] >= 2, counts
-        assert not set(old) & set(_files(cache))  # the old pack's closures are gone
+        assert not set(old) & set(store_files(cache))  # the old pack's closures are gone
     finally:
         srv.stop()
 
@@ -213,13 +185,13 @@ def test_push_between_restarts_walks_from_the_stored_closure(
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         assert counts["loaded"] == 0 and counts["based"] == 2, counts
         # A live process after the next push: its own closures are the base.
         c.commit({"d0/topic.txt": "topic 2\n"}, "topic 2")
         git.run("push", "-q", "origin", "topic", cwd=work)
         _clones(git, srv, tmp_path, "third")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         assert counts["based"] == 4, counts
     finally:
         srv.stop()
@@ -252,7 +224,7 @@ def test_branch_merged_and_deleted_between_restarts_keeps_the_base(
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         assert counts["loaded"] == 0 and counts["based"] == 2, counts
     finally:
         srv.stop()
@@ -284,7 +256,7 @@ def test_ref_change_between_restarts_is_not_served_from_the_store(
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = _store_counts(srv.port)
+        counts = store_counts(srv.port)
         assert counts["loaded"] == counts["based"] == 0 and counts["missed"] >= 2, counts
         side = git.out("-C", str(tmp_path / "first-full"), "rev-parse", "side").strip()
         got = git.out("-C", str(tmp_path / "second-full"), "cat-file", "--batch-check",
@@ -492,7 +464,7 @@ def test_damaged_store_file_is_removed_and_walked_again(
     cache = tmp_path / "cache"
     cache.mkdir()
     _first_process(git, warm_root, cache, tmp_path)
-    files = _files(cache)
+    files = store_files(cache)
     for path in files:
         data = bytearray(path.read_bytes())
         if damage == "flip":
@@ -505,12 +477,12 @@ def test_damaged_store_file_is_removed_and_walked_again(
     srv = _start(warm_root, cache)
     try:
         _clones(git, srv, tmp_path, "second")
-        counts = poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+        counts = poll(lambda: (c := store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
                       30, "closures written again")
         assert counts["loaded"] == 0 and counts["corrupt"] == len(files), counts
     finally:
         srv.stop()
-    for path in _files(cache):  # written again, whole
+    for path in store_files(cache):  # written again, whole
         assert decode_record(path.read_bytes()) is not None
 
 
@@ -543,17 +515,17 @@ def test_restarted_server_loads_a_large_layout(git: Git, tmp_path: Path) -> None
     cache.mkdir()
     srv = _start(root, cache)
     try:
-        _clone_equal(git, srv, tmp_path, "first", "blob:none")
+        clone_equal(git, srv, tmp_path, "first", "blob:none")
         # the filtered closure and the layout of its entries
-        poll(lambda: (c := _store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
+        poll(lambda: (c := store_counts(srv.port)) and c.get("written", 0) >= 2 and c,
              30, "closure and layout written")
     finally:
         srv.stop()
-    assert any("-layout" in p.name for p in _files(cache))
+    assert any("-layout" in p.name for p in store_files(cache))
     srv = _start(root, cache)
     try:
-        _clone_equal(git, srv, tmp_path, "second", "blob:none")
-        counts = _store_counts(srv.port)
+        clone_equal(git, srv, tmp_path, "second", "blob:none")
+        counts = store_counts(srv.port)
         assert counts["loaded"] == 2 and counts["missed"] == 0, counts
     finally:
         srv.stop()
@@ -577,15 +549,15 @@ def test_clone_after_a_push_sends_the_pack_body_whole(git: Git, tmp_path: Path) 
     cache.mkdir()
     srv = _start(root, cache)
     try:
-        _clone_equal(git, srv, tmp_path, "full", "")
-        _clone_equal(git, srv, tmp_path, "blobless", "blob:none")
+        clone_equal(git, srv, tmp_path, "full", "")
+        clone_equal(git, srv, tmp_path, "blobless", "blob:none")
     finally:
         srv.stop()  # its last step writes what is queued for the store (state.close)
-    layouts = [p for p in _files(cache) if "-layout" in p.name]
+    layouts = [p for p in store_files(cache) if "-layout" in p.name]
     assert len(layouts) == 1, layouts  # the blob:none clone's alone
     # The bitmapped pack's delta facts, which chose the one run, are kept for the next
     # process.
-    assert [p for p in _files(cache) if p.name.endswith("-deltas.clo")]
+    assert [p for p in store_files(cache) if p.name.endswith("-deltas.clo")]
 
 
 def test_the_one_run_layout_is_the_computed_one(git: Git, tmp_path: Path) -> None:
@@ -635,7 +607,7 @@ def test_a_packs_delta_facts_are_kept_for_the_next_process(git: Git, tmp_path: P
     assert want[0] is not ofs and want[1] > 1000
     assert first.delta_facts(store, "scope") == want
     store.flush()
-    assert [p.name for p in _files(tmp_path / "cache")] == [f"{first.checksum.hex()[:16]}-deltas.clo"]
+    assert [p.name for p in store_files(tmp_path / "cache")] == [f"{first.checksum.hex()[:16]}-deltas.clo"]
     second = PackFile(base, 20, ("second", base))
     assert second.delta_facts(store, "scope") == want
     assert second.has_ref_deltas() is want[0]
@@ -720,14 +692,14 @@ def test_killed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
     assert store.stats.results["corrupt"] == 2
 
 
-def test_server_start_removes_killed_writers_temporary_files(tmp_path: Path) -> None:
+def test_server_start_removes_killed_writers_temporarystore_files(tmp_path: Path) -> None:
     cache, root = tmp_path / "cache", tmp_path / "root"
     root.mkdir()
     stale, fresh = _leftovers(cache, "s")
     srv = _start(root, cache)
     try:
         assert not stale.exists() and fresh.exists()
-        assert _store_counts(srv.port)["corrupt"] == 1
+        assert store_counts(srv.port)["corrupt"] == 1
     finally:
         srv.stop()
     assert fresh.exists()
