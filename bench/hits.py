@@ -22,6 +22,11 @@ they end:
 - **bare**: the same cache file sent by ``os.sendfile`` on a blocking socket by a tiny
   sender process (it accepts, reads the file name, sends the file, closes), to a client
   reading as the hit's does: the kernel's cost of those bytes. Target: hit/bare <= 2;
+- **back to back**: ``--burst`` hit fetches in a row, each on a new connection, and as
+  many bare sends, measured as one window each and divided by their number: a reader's
+  cost on a server that is serving hits (a storm's readers), where **hit** and **bare**
+  are a lone request on an idle process, whose caches the other processes of the round
+  have just used (every line of Python it runs comes back from memory);
 - **floor**: ``GET /healthz`` on a new connection: what aiohttp costs per request before
   gitspout does anything (a part of hit that no pack path removes); a minimal aiohttp
   app (uvloop) that answers the same request with the same file by ``os.sendfile``, and
@@ -290,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--filter", default="blob:none")
     parser.add_argument("--hits", type=int, default=5, help="hit/bare/floor samples a round")
+    parser.add_argument("--burst", type=int, default=20,
+                        help="hits (and bare sends) back to back, once a round")
     parser.add_argument("--warmup", type=int, default=3, help="clones before the rounds")
     parser.add_argument("--server-arg", action="append", default=[])
     args = parser.parse_args(argv)
@@ -324,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             clones(url, [work / f"warm{i}.git"], args.filter)
         start = metrics(port)
         rows: dict[str, list[float]] = {
-            k: [] for k in ("one", "eight", "hit", "bare", "floor", "minimal", "raw")}
+            k: [] for k in ("one", "eight", "hit", "bare", "floor", "minimal", "raw", "hits",
+                          "bares")}
         minimal: subprocess.Popen[str] | None = None
         raw: subprocess.Popen[str] | None = None
         size = 0
@@ -359,9 +367,15 @@ def main(argv: list[str] | None = None) -> int:
                     p, "/repo.git/git-upload-pack", body)))
                 rows["raw"].append(measure(raw.pid, lambda p=raw_port: fetch_once(
                     p, "/repo.git/git-upload-pack", body)))
+            rows["hits"].append(measure(pid, lambda: [fetch_once(
+                port, "/repo.git/git-upload-pack", body) for _ in range(args.burst)])
+                / args.burst)
+            rows["bares"].append(measure(sender.pid, lambda b=baseline: [
+                bare_once(bare_port, b) for _ in range(args.burst)]) / args.burst)
             hits = metrics(port).get("lookups.hit", 0) - before.get("lookups.hit", 0)
-            if hits != args.hits:
-                raise RuntimeError(f"{hits:.0f} of {args.hits} hit fetches were cache hits")
+            if hits != args.hits + args.burst:
+                raise RuntimeError(f"{hits:.0f} of {args.hits + args.burst} hit fetches were "
+                                   "cache hits")
             time.sleep(TTL + 0.5)
             before = metrics(port)
             dests = [work / f"r{r}-eight-{i}.git" for i in range(args.clients)]
@@ -375,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{seen.get('lookups.joined', 0):.0f}, hits {seen.get('lookups.hit', 0):.0f};"
                   f" same-request hits {seen.get('same_requests.hit', 0):.0f}), hit "
                   f"{statistics.median(rows['hit'][-args.hits:]):.2f} ms, bare "
-                  f"{statistics.median(rows['bare'][-args.hits:]):.2f} ms; load "
+                  f"{statistics.median(rows['bare'][-args.hits:]):.2f} ms; back to back: hit "
+                  f"{rows['hits'][-1]:.2f} ms, bare {rows['bares'][-1]:.2f} ms; load "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
         end = metrics(port)
         print(table(rows, args, size))
@@ -404,6 +419,9 @@ def table(rows: dict[str, list[float]], args: argparse.Namespace, size: int) -> 
         f"| (c) one cache-hit fetch | {med['hit']:.2f} | {med['hit'] / med['bare']:.2f} x bare |"
         " <= 2 x bare |",
         f"| bare sendfile of the cache file | {med['bare']:.2f} | 1.00 | |",
+        f"| (c) back to back: {args.burst} cache-hit fetches in a row, each | {med['hits']:.2f} |"
+        f" {med['hits'] / med['bares']:.2f} x bare | <= 2 x bare |",
+        f"| bare sendfile back to back, each | {med['bares']:.2f} | 1.00 | |",
         f"| aiohttp floor: GET /healthz | {med['floor']:.2f} | "
         f"{med['floor'] / med['bare']:.2f} x bare | |",
         f"| aiohttp floor: a minimal app sending the file | {med['minimal']:.2f} | "
