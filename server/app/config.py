@@ -215,9 +215,10 @@ class Config:
     )
     closure_store: bool = field(
         default=True,
-        metadata={"help": "keep the closures a cold walk computes (tips the bitmaps do not "
-                          "cover) in --pack-cache-dir, for the next process to read instead "
-                          "of walking; they take a sixteenth of --pack-cache-size",
+        metadata={"help": "keep what a cold walk computes (closures of tips the bitmaps do "
+                          "not cover, a clone's object walk without them) in "
+                          "--pack-cache-dir, for the next process to read instead of walking; "
+                          "they take a sixteenth of --pack-cache-size",
                   "group": "caches"},
     )
     pack_cache_ttl: float = field(

@@ -231,8 +231,8 @@ class _FaultCollector:
 
 class ClosureStoreCollector:
     """``gitspout_closure_store_total{result}`` and ``gitspout_closure_store_bytes``
-    (store/closurestore.py): closures and layouts read from the local disk instead of
-    computed (loaded), computed for want of one (missed), of those computed on top of a
+    (store/closurestore.py): closures, layouts and clones' object walks read from the
+    local disk instead of computed (loaded), computed for want of one (missed), of those computed on top of a
     closure stored for an earlier ref state (based), written, removed (stale: their pack
     was replaced; corrupt; evicted over the budget) or not written (dropped)."""
 
@@ -243,9 +243,11 @@ class ClosureStoreCollector:
         st = self.store.stats
         fam = CounterMetricFamily(
             "gitspout_closure_store",
-            "Closures and layouts on the local disk by result: loaded (instead of "
-            "computed), missed (computed), based (computed on an earlier ref state's; "
-            "also counted as missed), written, stale (pack replaced), corrupt, evicted, "
+            "Closures, layouts and walks on the local disk by result: loaded (instead of "
+            "computed), missed (a closure computed; walks not found are not counted), "
+            "based (computed on an earlier ref state's; "
+            "also counted as missed), written, stale (pack replaced, or another gitspout "
+            "version), corrupt, evicted, "
             "dropped.",
             labels=["result"])
         for result in RESULTS:

@@ -16,7 +16,7 @@ from ..graph.bitmapwalk import (
     open_bitmap_index,
 )
 from ..graph.commits import WalkTooLong
-from ..graph.enumeration import enumerate_objects, include_tags
+from ..graph.enumeration import Enumeration, enumerate_objects, include_tags
 from ..store.bitmaps import iter_set_bits
 from ..store.packs import PackFile
 from .access import ObjectAccess
@@ -74,26 +74,9 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     :data:`SMALL_FETCH_COMMITS` commits or lists more objects than that: the caller has
     a better means for a large answer."""
     caches, odb = objects.caches, objects.odb
-    # The objects reachable from given wants, minus given haves, never change: the key
-    # needs no repository state but the repository's own shallow commits (in the order),
-    # where every walk stops.
-    enum = caches.walks.get(order.key)
+    enum = _walk(order, objects, max_objects)
     if enum is None:
-        # A large walk is kept on the local disk for the next process (walkrecord.py).
-        disk = caches.closures.disk if max_objects is None else None
-        enum = load_walk(disk, odb, order) if disk is not None else None
-        if enum is None:
-            try:
-                enum = enumerate_objects(objects.src, list(order.wants), order.haves,
-                                         order.shallow_cut, order.filter, order.tags,
-                                         max_commits=SMALL_FETCH_COMMITS if max_objects else None)
-            except WalkTooLong:
-                return None
-            if disk is not None:
-                save_walk(disk, odb, order, enum)
-        caches.walks.put(order.key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects))
-    elif max_objects is None and caches.closures.disk is not None:
-        touch_walk(caches.closures.disk, odb, order, enum)
+        return None
     if max_objects is not None and len(enum.objects) > max_objects:
         return None
     listed = [oid for oid, _ in enum.objects]
@@ -130,6 +113,36 @@ def _from_walk(order: PackOrder, objects: ObjectAccess,
     source.stats.kind = "walk"
     source.stats.offloaded = offloaded
     return source
+
+
+def _walk(order: PackOrder, objects: ObjectAccess, max_objects: int | None
+          ) -> Enumeration | None:
+    """The objects of ``order``, walked, or kept from an earlier walk: in memory, or for a
+    large clone on the local disk by an earlier process (walkrecord.py). None when a walk
+    limited by ``max_objects`` meets too many commits."""
+    caches = objects.caches
+    # The objects reachable from given wants, minus given haves, never change: the key
+    # needs no repository state but the repository's own shallow commits (in the order),
+    # where every walk stops.
+    enum = caches.walks.get(order.key)
+    disk = caches.closures.disk if max_objects is None else None
+    if enum is not None:
+        if disk is not None:
+            touch_walk(disk, objects.odb, order, enum)
+        return enum
+    enum = load_walk(disk, objects.odb, order) if disk is not None else None
+    if enum is None:
+        try:
+            enum = enumerate_objects(objects.src, list(order.wants), order.haves,
+                                     order.shallow_cut, order.filter, order.tags,
+                                     max_commits=SMALL_FETCH_COMMITS if max_objects else None)
+        except WalkTooLong:
+            return None
+        if disk is not None:
+            save_walk(disk, objects.odb, order, enum)
+    caches.walks.put(order.key, enum, 80 * len(enum.objects) + 40 * len(enum.have_objects)
+                     + 100 * (len(enum.hints) + len(enum.newer)))
+    return enum
 
 
 FILTERED = "filtered"  # a filtered closure of a pack order, in the closure store

@@ -1,47 +1,65 @@
 """An object walk kept on the local cache disk for the next process (store/closurestore.py).
 
-A repository without bitmaps is cloned by walking its history (graph/enumeration.py): every
-commit, and every tree the filter keeps, read and diffed. That walk is the most of a
-cold clone's cost (the dulwich history's blob:none clone: 1.4 s of 1.8), and it is the same
-walk in every new process. Its result is a function of immutable objects and the pack
-order's key alone (wants, haves, shallow boundaries, the repository's grafts, filter:
-``PackOrder.key``), as the process's own cache of walks (``PackCaches.walks``) already
-relies on; it is kept here under that key, and a process that finds it reads it instead of
-walking. Where the objects stand in the packs is not part of it: the selection is made
-afresh from the packs of the moment.
+A clone the bitmaps cannot answer (a repository without them, a shallow clone, a
+``tree:<depth>`` filter) walks history (graph/enumeration.py): every commit, and every tree
+the filter keeps, read and diffed. That walk is the most of such a cold clone's cost (the
+unmaintained dulwich copy's blob:none clone: 1.4 s of 1.8), and it is the same walk in
+every new process. Its result is a function of immutable objects, of the walk's inputs
+(wants, haves, shallow boundaries, the repository's grafts, include-tag's tags, filter: the
+pack order's key without what only the writing uses) and of the code that walked (which
+the store puts in every identity); it is kept here under that key, and a process that
+finds it reads it instead of walking. Where the objects stand in the packs is not part of
+it: the selection is made afresh from the packs of the moment.
+
+Only clones are kept (no haves: a fetch's haves are its own, seldom asked again by another
+process), and only walks of at least :data:`DISK_WALK_OBJECTS` objects: a smaller one costs
+less than a file. A clone's tips move with every push, so each repository keeps its
+:data:`WALKS_KEPT` most recently used walks, the older ones removed as a new one is kept.
 
 The record holds the objects in the walk's order with their types, what the client was
 found to have, and the delta hints (each object's version at the same path in the parent
-commit, and a deepen's newer versions), ids at the repository's hash length. Only walks of
-at least :data:`DISK_WALK_OBJECTS` objects are kept: a smaller one costs less than a file.
+commit, and a deepen's newer versions), ids at the repository's hash length.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 
 from ..graph.enumeration import Enumeration
 from ..store.closurestore import ClosureStore
+from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 from ..store.odb import ObjectSnapshot
 from .order import PackOrder
 
-__all__ = ["DISK_WALK_OBJECTS", "load_walk", "save_walk", "touch_walk", "encode_walk",
-           "decode_walk"]
+__all__ = ["DISK_WALK_OBJECTS", "WALKS_KEPT", "kept", "load_walk", "save_walk", "touch_walk",
+           "encode_walk", "decode_walk"]
 
 DISK_WALK_OBJECTS = 4096
+WALKS_KEPT = 8  # per repository
 TOUCH_EVERY = 30.0
 FORMAT = b"walk1"
+PREFIX = "walk-"
 _HEAD = struct.Struct("<5Q")  # hash length, objects, haves, hints, newer
+_TYPES = frozenset((OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG))
+_RECORD_SLACK = 1024  # the store's header, checksum and code digest around a payload
+
+
+def kept(order: PackOrder) -> bool:
+    """Whether the walk of ``order`` may be kept: a clone's (no haves)."""
+    return not order.common and not order.unshallow
 
 
 def _where(odb: ObjectSnapshot, order: PackOrder) -> tuple[str, str, bytes]:
-    """(scope, name, identity): the repository's objects directory (its own scope, apart
-    from the bitmaps', which are swept when their pack goes), the order's key, and the
-    hash length and the record's format."""
+    """(scope, name, identity): the repository's objects directory (a scope of its own,
+    apart from the bitmaps', which are swept when their pack goes), the key of the walk's
+    inputs (the order's, without what only the writing uses: thin, ofs-delta, packfile-URI
+    exclusions), the hash length and the record's format."""
+    walk = dataclasses.replace(order, exclude=frozenset(), thin=False, ofs_delta=False)
     scope = hashlib.sha256(odb.objects_dir.encode() + b"\0walks").hexdigest()[:20]
-    name = f"walk-{order.key.hex()[:40]}"
-    identity = b"|".join((FORMAT, order.key, str(odb.hash_len).encode()))
+    name = f"{PREFIX}{walk.key.hex()[:40]}"
+    identity = b"|".join((FORMAT, walk.key, str(odb.hash_len).encode()))
     return scope, name, identity
 
 
@@ -69,6 +87,9 @@ def decode_walk(data: bytes, hash_len: int) -> Enumeration | None:
     ids = n + n_have + 2 * n_hints + 2 * n_newer
     if width != hash_len or len(data) != _HEAD.size + ids * width + n:
         return None
+    types = data[_HEAD.size + n * width:_HEAD.size + n * (width + 1)]
+    if not set(types) <= _TYPES:
+        return None
     at = _HEAD.size
 
     def take(count: int) -> list[bytes]:
@@ -78,8 +99,7 @@ def decode_walk(data: bytes, hash_len: int) -> Enumeration | None:
         return out
 
     oids = take(n)
-    types = data[at:at + n]
-    at += n
+    at += n  # the types, checked above
     haves = take(n_have)
     hinted, bases = take(n_hints), take(n_hints)
     newer, newer_bases = take(n_newer), take(n_newer)
@@ -90,7 +110,9 @@ def decode_walk(data: bytes, hash_len: int) -> Enumeration | None:
 
 def load_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder) -> Enumeration | None:
     """The walk of ``order`` kept by an earlier process, or None. A walk not found is not
-    counted as a closure missed: most walks are too small to be kept."""
+    counted as a closure missed: most walks are too small, or not a clone's."""
+    if not disk.enabled or not kept(order):
+        return None
     data = disk.load(*_where(odb, order), count_miss=False)
     return decode_walk(data, odb.hash_len) if data is not None else None
 
@@ -99,15 +121,25 @@ def touch_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder,
                enum: Enumeration) -> None:
     """A walk used from memory is used: its file is evicted last (at most every
     :data:`TOUCH_EVERY` seconds, a syscall)."""
-    if len(enum.objects) >= DISK_WALK_OBJECTS:
+    if disk.enabled and kept(order) and len(enum.objects) >= DISK_WALK_OBJECTS:
         disk.touch(*_where(odb, order)[:2], every=TOUCH_EVERY)
 
 
 def save_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder,
               enum: Enumeration) -> None:
-    """Keep a large walk for the next process (written in the store's background)."""
+    """Keep a large clone's walk for the next process (written in the store's background),
+    and no more than :data:`WALKS_KEPT` of the repository's."""
     n = len(enum.objects)
+    if not disk.enabled or not kept(order) or n < DISK_WALK_OBJECTS:
+        return
     ids = n + len(enum.have_objects) + 2 * len(enum.hints) + 2 * len(enum.newer)
     # One larger than the store takes a record (a quarter of it) is not even encoded.
-    if n >= DISK_WALK_OBJECTS and _HEAD.size + ids * odb.hash_len + n <= disk.max_bytes // 4:
-        disk.save(*_where(odb, order), encode_walk(enum, odb.hash_len))
+    if _HEAD.size + ids * odb.hash_len + n > disk.max_bytes // 4 - _RECORD_SLACK:
+        return
+    try:
+        data = encode_walk(enum, odb.hash_len)
+    except ValueError:  # not a walk of this repository's ids: nothing kept, nothing lost
+        return
+    scope, name, identity = _where(odb, order)
+    disk.trim(scope, PREFIX, WALKS_KEPT - 1)
+    disk.save(scope, name, identity, data)

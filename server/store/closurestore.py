@@ -7,7 +7,11 @@ What it derives is a pure function of immutable objects, so it is written here, 
 what pins it down, and read back by the next process on the same disk instead of walking.
 
 The store knows nothing of what it holds: a record is an identity (bytes the caller says
-must match exactly) and a payload. Each record is one file::
+must match exactly) and a payload. Every identity is stored after a digest of the server's
+own source (:func:`code_digest`: ``server/`` and ``protocol/``): what a walk derives is a
+function of the objects and of the code that walked them (which objects a filter keeps,
+which delta hints a walk finds), so a record another version of gitspout wrote is
+``stale`` here, as one of a replaced pack. Each record is one file::
 
     magic "GSCLOSR\\0", version (u16), identity length (u16), payload length (u64),
     identity, payload, SHA-256 of everything before it
@@ -34,6 +38,7 @@ Writes are done by a background thread after the walk, never by a request.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -44,8 +49,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["ClosureStore", "ClosureStoreStats", "STORE_DIR", "RESULTS"]
+__all__ = ["ClosureStore", "ClosureStoreStats", "STORE_DIR", "RESULTS", "code_digest"]
 
 log = logging.getLogger("gitspout")
 
@@ -61,6 +67,19 @@ TMP_PREFIX = ".tmp-"
 # A temporary file untouched this long is a killed writer's: a record is written in one
 # call of at most a quarter of the budget, within seconds.
 TMP_AGE = 600.0
+
+
+@functools.cache
+def code_digest() -> bytes:
+    """16 bytes of SHA-256 over the names and contents of the server's and the protocol's
+    Python files, read once per process (at the store's start, before any request)."""
+    server = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for top in (server, server.parent / "protocol"):
+        for path in sorted(top.rglob("*.py")):
+            h.update(str(path.relative_to(top.parent)).encode() + b"\0")
+            h.update(path.read_bytes())
+    return h.digest()[:16]
 
 
 @dataclass
@@ -97,8 +116,11 @@ class ClosureStore:
     """Records on the local disk, shared by the processes using the same base directory
     (workers, and the next process after a restart)."""
 
-    def __init__(self, base: str, max_bytes: int, shared: bool = False) -> None:
+    def __init__(self, base: str, max_bytes: int, shared: bool = False,
+                 code: bytes | None = None) -> None:
         self.root = os.path.join(base, STORE_DIR)
+        # Before every identity (the module doc); another code only in tests.
+        self.code = code_digest() if code is None else code
         self.max_bytes = max_bytes
         self.shared = shared  # other processes write in the directory (module doc)
         self.stats = ClosureStoreStats()
@@ -133,7 +155,7 @@ class ClosureStore:
                 self._count("missed")
             return None
         found = decode_record(data)
-        if found is None or found[0] != identity:
+        if found is None or found[0] != self.code + identity:
             self._drop(path, len(data), "corrupt" if found is None else "stale")
             return None
         if count_hit:  # a use: evicted last (a look is not, nor does it reorder recent())
@@ -210,6 +232,21 @@ class ClosureStore:
                     continue
                 self._drop(entry.path, size, "stale")
 
+    def trim(self, scope: str, prefix: str, keep: int) -> None:
+        """Remove the records of ``scope`` whose names start with ``prefix`` but the
+        ``keep`` most recently used (counted ``evicted``): records keyed by a state that
+        moves on (tips after a push) are not loaded again once it has."""
+        if not self.enabled:
+            return
+        names = self.recent(scope, prefix, 1 << 30)
+        for name in names[keep:]:
+            path = os.path.join(self.root, scope, name + SUFFIX)
+            try:
+                size = os.stat(path, follow_symlinks=False).st_size
+            except OSError:
+                continue
+            self._drop(path, size, "evicted")
+
     # -- writing ---------------------------------------------------------------------
 
     def save(self, scope: str, name: str, identity: bytes, payload: bytes,
@@ -219,7 +256,7 @@ class ClosureStore:
         counted as ``written`` (a pack's facts: neither a closure nor a layout)."""
         if not self.enabled:
             return
-        data = encode_record(identity, payload)
+        data = encode_record(self.code + identity, payload)
         if len(data) > self.max_bytes // 4:
             self._count("dropped")
             return

@@ -692,7 +692,7 @@ def test_killed_writers_temporary_files_are_removed(tmp_path: Path) -> None:
     assert store.stats.results["corrupt"] == 2
 
 
-def test_server_start_removes_killed_writers_temporarystore_files(tmp_path: Path) -> None:
+def test_server_start_removes_killed_writers_temporary_files(tmp_path: Path) -> None:
     cache, root = tmp_path / "cache", tmp_path / "root"
     root.mkdir()
     stale, fresh = _leftovers(cache, "s")

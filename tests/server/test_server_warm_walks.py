@@ -1,12 +1,13 @@
 """Warm after a restart without bitmaps (issue 28; server/packgen/walkrecord.py).
 
-A repository with no bitmap (two packs by fast-import, then loose objects) is cloned by a
-walk of its history. A live gitspout clones it with real C git, full and
-``--filter=blob:none``, and keeps each walk in the closure store; a new process on the same
-pack-cache directory serves the same clones from those records (counted ``loaded`` on
-/metrics) instead of walking. A push between the two makes the clone's wants new: it is
-walked again. Every clone is fsck-clean and holds what the same clone over ``file://``
-holds.
+A repository with no bitmap (two packs by fast-import, annotated tags, loose objects) is
+cloned by a walk of its history. A live gitspout clones it with real C git (full,
+``--filter=blob:none``, and a shallow clone with the tags of its history) and keeps each walk in the
+closure store; a new process on the same pack-cache directory serves the same clones from
+those records (counted ``loaded`` on /metrics) instead of walking. A push between the two
+makes the clone's wants new: it is walked again. Every clone is fsck-clean and holds what
+the same clone over ``file://`` holds. A record written by other code, or a repository's
+walks past WALKS_KEPT, are not loaded.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ from pathlib import Path
 
 import pytest
 from gitspout.server.graph.enumeration import Enumeration
-from gitspout.server.packgen.walkrecord import DISK_WALK_OBJECTS, decode_walk, encode_walk
-from gitutil import Committer, Git, poll, start_server
+from gitspout.server.packgen.order import PackOrder
+from gitspout.server.packgen.walkrecord import (
+    DISK_WALK_OBJECTS,
+    WALKS_KEPT,
+    decode_walk,
+    encode_walk,
+    load_walk,
+    save_walk,
+)
+from gitspout.server.store.closurestore import ClosureStore
+from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
 from warmkit import clone_equal, store_counts, store_files
 
 SPECS = ("", "blob:none")
@@ -49,11 +59,12 @@ def plain_root(git: Git, tmp_path: Path) -> Path:
     git.run("config", "uploadpack.allowFilter", "true", cwd=repo)
     _fast_import(git, repo, 0, 1200)
     _fast_import(git, repo, 1200, 300)
+    for n, rev in ((1, "main~1000"), (2, "main~300"), (3, "main~2")):  # include-tag's
+        git.run("tag", "-a", f"v{n}", rev, "-m", f"release {n}", cwd=repo)
     _push(git, repo, tmp_path, "loose")
     packs = os.listdir(repo / "objects" / "pack")
     assert not [p for p in packs if p.endswith(".bitmap")]
     assert len([p for p in packs if p.endswith(".pack")]) == 2
-    assert 3 * 1500 >= DISK_WALK_OBJECTS
     return root
 
 
@@ -66,15 +77,30 @@ def _push(git: Git, repo: Path, tmp: Path, name: str) -> None:
     git.run("push", "-q", "origin", "main", cwd=work)
 
 
+def _shallow_equal(git: Git, srv: LiveServer, tmp: Path, name: str) -> None:
+    """``clone --bare --depth 1400`` (with the tags in that history), fsck-
+    clean, with the refs, objects and shallow boundary of the same clone over ``file://``."""
+    dest, ref = tmp / name, tmp / f"{name}-file"
+    git.run("-c", "protocol.version=2", "clone", "-q", "--bare", "--depth", "1400",
+            f"{srv.url}/app.git", str(dest))
+    git.run("clone", "-q", "--bare", "--depth", "1400", f"file://{srv.root / 'app.git'}",
+            str(ref))
+    fsck(git, dest)
+    assert repo_state(git, dest) == repo_state(git, ref)
+    assert (dest / "shallow").read_text() == (ref / "shallow").read_text()
+    assert "refs/tags/v2" in git.out("show-ref", cwd=dest)
+
+
 def _serve_clones(git: Git, root: Path, cache: Path, tmp: Path, tag: str,
                   written: int) -> dict[str, float]:
-    """A fresh process clones (full, then blob:none), each equal to ``file://``; it is
+    """A fresh process clones (full, blob:none, shallow), each equal to ``file://``; it is
     stopped once ``written`` records are on disk (its last step writes what is queued).
     Returns its closure-store counts."""
     srv = start_server(root, ["--pack-cache-dir", str(cache)])
     try:
         for spec in SPECS:
             clone_equal(git, srv, tmp, f"{tag}-{spec or 'full'}", spec)
+        _shallow_equal(git, srv, tmp, f"{tag}-shallow")
         return poll(lambda: (c := store_counts(srv.port)) and c.get("written", 0) >= written
                     and c, 30, "walks written")
     finally:
@@ -89,13 +115,17 @@ def test_restarted_server_loads_the_walks_instead_of_walking(
         git: Git, plain_root: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    first = _serve_clones(git, plain_root, cache, tmp_path, "first", 2)
+    first = _serve_clones(git, plain_root, cache, tmp_path, "first", 3)
     assert first.get("loaded", 0) == 0, first
     walks = _walks(cache)
-    assert len(walks) == 2, walks  # the full clone's and the blob:none clone's
+    assert len(walks) == 3, walks  # the full, the blob:none and the shallow clone's
+    # Each holds at least DISK_WALK_OBJECTS ids: the walks were kept for their size.
+    assert all(p.stat().st_size > 20 * DISK_WALK_OBJECTS
+               for p in store_files(cache) if p.name.startswith("walk-"))
     second = _serve_clones(git, plain_root, cache, tmp_path, "second", 0)
-    # Both clones read their walk; nothing was walked, so nothing new was written.
-    assert second.get("loaded", 0) == 2 and second.get("written", 0) == 0, second
+    # Every clone read its walk; nothing was walked, so no walk was written again (the
+    # files are as the first process left them, read after the second one stopped).
+    assert second.get("loaded", 0) == 3, second
     assert _walks(cache) == walks
 
 
@@ -105,13 +135,60 @@ def test_push_between_restarts_walks_again(git: Git, plain_root: Path,
     kept) afresh; the clones hold the pushed commit, as over ``file://``."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    _serve_clones(git, plain_root, cache, tmp_path, "first", 2)
+    _serve_clones(git, plain_root, cache, tmp_path, "first", 3)
     before = _walks(cache)
     _push(git, plain_root / "app.git", tmp_path, "pushed")
-    second = _serve_clones(git, plain_root, cache, tmp_path, "second", 2)
+    second = _serve_clones(git, plain_root, cache, tmp_path, "second", 3)
     assert second.get("loaded", 0) == 0, second
     after = _walks(cache)
-    assert len(after) == 4 and set(before) < set(after), (before, after)
+    assert len(after) == 6 and set(before) < set(after), (before, after)
+
+
+class _Odb:
+    """What walkrecord reads of an ObjectSnapshot."""
+
+    objects_dir = "/srv/git/app.git/objects"
+    hash_len = 20
+
+
+def _enum(seed: int, n: int = DISK_WALK_OBJECTS) -> Enumeration:
+    return Enumeration([(seed.to_bytes(4, "big") + i.to_bytes(16, "big"), 1 + i % 4)
+                        for i in range(n)], set())
+
+
+def test_a_walk_written_by_other_code_is_stale(tmp_path: Path) -> None:
+    """The store puts a digest of the server's source before every identity: what an
+    older gitspout walked (another filter rule, other hints) is not loaded by this one."""
+    order, enum = PackOrder(wants=(b"\1" * 20,)), _enum(1)
+    old = ClosureStore(str(tmp_path), 64 << 20, code=b"another version!")
+    save_walk(old, _Odb(), order, enum)  # type: ignore[arg-type]
+    old.flush()
+    assert load_walk(old, _Odb(), order) == enum  # type: ignore[arg-type]
+    new = ClosureStore(str(tmp_path), 64 << 20)
+    assert load_walk(new, _Odb(), order) is None  # type: ignore[arg-type]
+    assert new.stats.results["stale"] == 1  # and its file removed
+    assert not list((tmp_path / "gitspout-closures").glob("*/walk-*"))
+
+
+def test_only_clones_walks_are_kept_and_no_more_than_walks_kept(tmp_path: Path) -> None:
+    store = ClosureStore(str(tmp_path), 64 << 20)
+    odb = _Odb()
+    fetch = PackOrder(wants=(b"\1" * 20,), common=(b"\2" * 20,))
+    save_walk(store, odb, fetch, _enum(0))  # type: ignore[arg-type]
+    small = PackOrder(wants=(b"\3" * 20,))
+    save_walk(store, odb, small, _enum(0, DISK_WALK_OBJECTS - 1))  # type: ignore[arg-type]
+    orders = [PackOrder(wants=(bytes([i]) * 20,), thin=True) for i in range(10, 11 + WALKS_KEPT)]
+    for i, order in enumerate(orders):  # one after the other: mtimes in order of use
+        save_walk(store, odb, order, _enum(i))  # type: ignore[arg-type]
+        store.flush()
+    names = list((tmp_path / "gitspout-closures").glob("*/walk-*"))
+    assert len(names) == WALKS_KEPT, names
+    assert load_walk(store, odb, fetch) is None  # type: ignore[arg-type]
+    assert load_walk(store, odb, small) is None  # type: ignore[arg-type]
+    assert load_walk(store, odb, orders[0]) is None  # type: ignore[arg-type]  # trimmed
+    # The walk does not depend on thin, ofs-delta or packfile-URI exclusions: one record.
+    plain = PackOrder(wants=orders[-1].wants, exclude=frozenset({b"\4" * 20}))
+    assert load_walk(store, odb, plain) == _enum(len(orders) - 1)  # type: ignore[arg-type]
 
 
 def test_walk_record_round_trip_and_damage() -> None:
