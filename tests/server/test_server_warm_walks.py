@@ -193,14 +193,22 @@ def test_only_clones_walks_are_kept_and_no_more_than_walks_kept(tmp_path: Path) 
 
 def test_walk_record_round_trip_and_damage() -> None:
     ids = [bytes([i % 256, i // 256]) * 10 for i in range(300)]
+    hints = dict(zip(ids[:50], ids[230:280], strict=True))  # bases that are not objects
+    hints.update(zip(ids[60:160], ids[100:200], strict=True))  # bases among the objects
+    hints.update(zip(ids[290:295], ids[:5], strict=True))  # hinted ids that are not objects
+    hints[ids[295]] = ids[296]
     enum = Enumeration([(oid, 1 + i % 4) for i, oid in enumerate(ids[:200])],
-                       set(ids[200:230]), dict(zip(ids[:50], ids[230:280], strict=True)),
-                       dict(zip(ids[50:60], ids[280:290], strict=True)))
+                       set(ids[200:230]), hints, dict(zip(ids[50:60], ids[280:290], strict=True)))
     data = encode_walk(enum, 20)
     assert decode_walk(data, 20) == enum
+    # Hints between two objects take four bytes: 100 of them, 50 + 6 with ids.
+    assert len(data) == 48 + 200 * 25 + (30 + 50 + 12 + 20) * 20
     assert decode_walk(data, 32) is None  # another hash length
     assert decode_walk(data[:-1], 20) is None
     assert decode_walk(data + b"\0", 20) is None
     assert decode_walk(data[:10], 20) is None
+    at = 48 + 200 * 21  # the first object's base: one past the ids it may name
+    past = data[:at] + (200 + 50).to_bytes(4, "little") + data[at + 4:]
+    assert decode_walk(past, 20) is None
     with pytest.raises(ValueError):  # an id of another length is refused, not written
         encode_walk(Enumeration([(b"short", 1)], set()), 20)
