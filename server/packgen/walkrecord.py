@@ -15,6 +15,8 @@ Only clones are kept (no haves: a fetch's haves are its own, seldom asked again 
 process), and only walks of at least :data:`DISK_WALK_OBJECTS` objects: a smaller one costs
 less than a file. A clone's tips move with every push, so each repository keeps its
 :data:`WALKS_KEPT` most recently used walks, the older ones removed as a new one is kept.
+A walk may take up to half the store (:data:`STORE_SHARE`), where other records take a
+quarter: git/git's full clone without bitmaps, 21 MB, fits the default 64 MiB store.
 
 The record holds the objects in the walk's order with their types, what the client was
 found to have, and the delta hints (each object's version at the same path in the parent
@@ -36,11 +38,14 @@ from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE
 from ..store.odb import ObjectSnapshot
 from .order import PackOrder
 
-__all__ = ["DISK_WALK_OBJECTS", "WALKS_KEPT", "kept", "load_walk", "save_walk", "touch_walk",
-           "encode_walk", "decode_walk"]
+__all__ = ["DISK_WALK_OBJECTS", "STORE_SHARE", "WALKS_KEPT", "kept", "load_walk", "save_walk",
+           "touch_walk", "encode_walk", "decode_walk"]
 
 DISK_WALK_OBJECTS = 4096
 WALKS_KEPT = 8  # per repository
+# A walk may take half the store, where other records take a quarter: it is the costliest
+# to redo (git/git's full clone without bitmaps: 31 s of CPU, a 21 MB record).
+STORE_SHARE = 2
 TOUCH_EVERY = 30.0
 FORMAT = b"walk2"
 PREFIX = "walk-"
@@ -171,17 +176,18 @@ def save_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder,
     n = len(enum.objects)
     if not disk.enabled or not kept(order) or n < DISK_WALK_OBJECTS:
         return
-    # One that cannot fit in what the store takes of a record (a quarter of it) is not
+    # One that cannot fit in what the store takes of a walk (:data:`STORE_SHARE`) is not
     # even encoded: at least its ids and types, four bytes an object for its hint.
+    most = disk.max_bytes // STORE_SHARE - _RECORD_SLACK
     least = _HEAD.size + n * (odb.hash_len + 5) + len(enum.have_objects) * odb.hash_len
-    if least > disk.max_bytes // 4 - _RECORD_SLACK:
+    if least > most:
         return
     try:
         data = encode_walk(enum, odb.hash_len)
     except ValueError:  # not a walk of this repository's ids: nothing kept, nothing lost
         return
-    if len(data) > disk.max_bytes // 4 - _RECORD_SLACK:
+    if len(data) > most:
         return
     scope, name, identity = _where(odb, order)
     disk.trim(scope, PREFIX, WALKS_KEPT - 1)
-    disk.save(scope, name, identity, data)
+    disk.save(scope, name, identity, data, share=STORE_SHARE)

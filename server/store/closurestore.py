@@ -65,7 +65,7 @@ RESULTS = ("loaded", "missed", "based", "written", "stale", "corrupt", "evicted"
 QUEUE_MAX = 64  # records waiting to be written; more are dropped (and counted)
 TMP_PREFIX = ".tmp-"
 # A temporary file untouched this long is a killed writer's: a record is written in one
-# call of at most a quarter of the budget, within seconds.
+# call of at most half the budget, within seconds.
 TMP_AGE = 600.0
 
 
@@ -250,14 +250,15 @@ class ClosureStore:
     # -- writing ---------------------------------------------------------------------
 
     def save(self, scope: str, name: str, identity: bytes, payload: bytes,
-             count: bool = True) -> None:
+             count: bool = True, share: int = 4) -> None:
         """Write the record in the background (dropped, and counted, when the writer is
-        behind by :data:`QUEUE_MAX` records). Without ``count``, its writing is not
-        counted as ``written`` (a pack's facts: neither a closure nor a layout)."""
+        behind by :data:`QUEUE_MAX` records, or larger than ``1/share`` of the store).
+        Without ``count``, its writing is not counted as ``written`` (a pack's facts:
+        neither a closure nor a layout)."""
         if not self.enabled:
             return
         data = encode_record(self.code + identity, payload)
-        if len(data) > self.max_bytes // 4:
+        if len(data) > self.max_bytes // max(share, 2):
             self._count("dropped")
             return
         with self._lock:

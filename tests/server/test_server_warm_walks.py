@@ -20,6 +20,7 @@ from gitspout.server.graph.enumeration import Enumeration
 from gitspout.server.packgen.order import PackOrder
 from gitspout.server.packgen.walkrecord import (
     DISK_WALK_OBJECTS,
+    STORE_SHARE,
     WALKS_KEPT,
     decode_walk,
     encode_walk,
@@ -189,6 +190,20 @@ def test_only_clones_walks_are_kept_and_no_more_than_walks_kept(tmp_path: Path) 
     # The walk does not depend on thin, ofs-delta or packfile-URI exclusions: one record.
     plain = PackOrder(wants=orders[-1].wants, exclude=frozenset({b"\4" * 20}))
     assert load_walk(store, odb, plain) == _enum(len(orders) - 1)  # type: ignore[arg-type]
+
+
+def test_a_walk_may_take_half_the_store_and_no_more(tmp_path: Path) -> None:
+    """git/git's full clone walk (842k objects, 21 MB) is over a quarter of the default
+    store: a walk may take half of it (STORE_SHARE), and what is larger is not kept."""
+    store = ClosureStore(str(tmp_path), 4 << 20)
+    odb = _Odb()
+    fits, over = PackOrder(wants=(b"\1" * 20,)), PackOrder(wants=(b"\2" * 20,))
+    save_walk(store, odb, fits, _enum(1, 60_000))  # type: ignore[arg-type]  # 1.5 MB
+    save_walk(store, odb, over, _enum(2, 90_000))  # type: ignore[arg-type]  # 2.25 MB
+    store.flush()
+    assert load_walk(store, odb, fits) == _enum(1, 60_000)  # type: ignore[arg-type]
+    assert load_walk(store, odb, over) is None  # type: ignore[arg-type]
+    assert STORE_SHARE == 2
 
 
 def test_walk_record_round_trip_and_damage() -> None:
