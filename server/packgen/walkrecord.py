@@ -51,6 +51,7 @@ FORMAT = b"walk2"
 PREFIX = "walk-"
 _HEAD = struct.Struct("<6Q")  # hash length, objects, haves, other bases, spilled hints, newer
 _NO_BASE = 0xFFFFFFFF
+assert array("I").itemsize == 4, "walk records need a four-byte array type"
 _TYPES = frozenset((OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG))
 _RECORD_SLACK = 1024  # the store's header, checksum and code digest around a payload
 
@@ -83,14 +84,12 @@ def encode_walk(enum: Enumeration, hash_len: int) -> bytes:
     """The record's payload: counts; the objects' ids and types; for each object the index
     of its hint's base (among the objects, else among the other bases that follow the
     haves; none: all ones); the haves; the other bases; the hints of ids that are not
-    objects, and the newer versions, as pairs of ids. A clone's hints join two of its
-    objects: four bytes each, where two ids would take 40 (git/git's blob:none walk: 14 MB
-    of 20 were hints)."""
+    objects (id, base, id, base...); the newer versions' objects, then their bases. A
+    clone's hints join two of its objects: four bytes each, where two ids took 40
+    (git/git's full clone: 841,300 objects, 559,603 hints, 21 MB where it took 40)."""
     oids = [oid for oid, _ in enum.objects]
     types = bytes(t for _, t in enum.objects)
     n = len(oids)
-    if n >= _NO_BASE:
-        raise ValueError("too many objects for a walk record")
     index = {oid: i for i, oid in enumerate(oids)}
     extra: dict[bytes, int] = {}
     bases = array("I", [_NO_BASE]) * n
@@ -103,6 +102,8 @@ def encode_walk(enum: Enumeration, hash_len: int) -> bytes:
         at = index.get(base)
         if at is None:
             at = extra.setdefault(base, n + len(extra))
+        if at >= _NO_BASE:
+            raise ValueError("too many objects for a walk record")
         bases[i] = at
     parts = [_HEAD.pack(hash_len, n, len(enum.have_objects), len(extra), len(spill) // 2,
                         len(enum.newer)),
@@ -142,8 +143,8 @@ def decode_walk(data: bytes, hash_len: int) -> Enumeration | None:
     at += 4 * n
     haves = take(n_have)
     known = oids + take(n_extra)
-    if any(b >= len(known) for b in bases if b != _NO_BASE):
-        return None
+    if any(b >= len(known) or b == i for i, b in enumerate(bases) if b != _NO_BASE):
+        return None  # a base past the ids, or an object its own base
     hints = {oids[i]: known[b] for i, b in enumerate(bases) if b != _NO_BASE}
     spill = take(2 * n_spill)
     hints.update(zip(spill[::2], spill[1::2], strict=True))

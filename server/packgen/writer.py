@@ -295,7 +295,7 @@ class EntryWriter:
                     rank: int) -> tuple[bytes, int | None, int] | None:
         base = step(oid)
         for _ in range(HINT_CHAIN):
-            if base is None:
+            if base is None or base == oid:  # a hint to itself, or a chain back to it
                 return None
             base_rank = part.rank_of(base) if part is not None else -1
             if part is not None and base_rank >= 0 and part.selected[base_rank]:

@@ -255,10 +255,12 @@ class ClosureStore:
         behind by :data:`QUEUE_MAX` records, or larger than ``1/share`` of the store).
         Without ``count``, its writing is not counted as ``written`` (a pack's facts:
         neither a closure nor a layout)."""
+        if share < 2:  # past three quarters, a record would evict itself (_evict)
+            raise ValueError("a record may take at most half the store")
         if not self.enabled:
             return
         data = encode_record(self.code + identity, payload)
-        if len(data) > self.max_bytes // max(share, 2):
+        if len(data) > self.max_bytes // share:
             self._count("dropped")
             return
         with self._lock:

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from gitspout.server.graph.enumeration import Enumeration
 from gitspout.server.packgen.order import PackOrder
+from gitspout.server.packgen.reuse import ReusePackSource
+from gitspout.server.packgen.selection import Selection
 from gitspout.server.packgen.walkrecord import (
     DISK_WALK_OBJECTS,
     STORE_SHARE,
@@ -28,6 +30,9 @@ from gitspout.server.packgen.walkrecord import (
     save_walk,
 )
 from gitspout.server.store.closurestore import ClosureStore
+from gitspout.server.store.fscache import DirCache
+from gitspout.server.store.fsops import FsOps
+from gitspout.server.store.odb import ObjectSnapshot, PackRegistry
 from gitutil import Committer, Git, LiveServer, fsck, poll, repo_state, start_server
 from warmkit import clone_equal, store_counts, store_files
 
@@ -197,13 +202,27 @@ def test_a_walk_may_take_half_the_store_and_no_more(tmp_path: Path) -> None:
     store: a walk may take half of it (STORE_SHARE), and what is larger is not kept."""
     store = ClosureStore(str(tmp_path), 4 << 20)
     odb = _Odb()
-    fits, over = PackOrder(wants=(b"\1" * 20,)), PackOrder(wants=(b"\2" * 20,))
+    fits, over, based = (PackOrder(wants=(bytes([i]) * 20,)) for i in (1, 2, 3))
     save_walk(store, odb, fits, _enum(1, 60_000))  # type: ignore[arg-type]  # 1.5 MB
     save_walk(store, odb, over, _enum(2, 90_000))  # type: ignore[arg-type]  # 2.25 MB
+    # Its ids and types fit (1.25 MB); with its hints' bases outside the walk, 2.25 MB.
+    outside = _enum(3, 50_000)
+    outside.hints.update((oid, b"\xff" + oid[1:]) for oid, _ in outside.objects)
+    save_walk(store, odb, based, outside)  # type: ignore[arg-type]
     store.flush()
     assert load_walk(store, odb, fits) == _enum(1, 60_000)  # type: ignore[arg-type]
     assert load_walk(store, odb, over) is None  # type: ignore[arg-type]
-    assert STORE_SHARE == 2
+    assert load_walk(store, odb, based) is None  # type: ignore[arg-type]
+    assert store.stats.results.get("dropped", 0) == 0  # not even queued
+    # Other records still take a quarter at most: the same payload is dropped.
+    payload = encode_walk(_enum(1, 60_000), 20)
+    store.save("other", "record", b"id", payload)
+    assert store.stats.results["dropped"] == 1
+    store.save("other", "record", b"id", payload, share=STORE_SHARE)
+    store.flush()
+    assert store.load("other", "record", b"id") == payload
+    with pytest.raises(ValueError):
+        store.save("other", "whole", b"id", b"", share=1)
 
 
 def test_walk_record_round_trip_and_damage() -> None:
@@ -222,8 +241,42 @@ def test_walk_record_round_trip_and_damage() -> None:
     assert decode_walk(data[:-1], 20) is None
     assert decode_walk(data + b"\0", 20) is None
     assert decode_walk(data[:10], 20) is None
-    at = 48 + 200 * 21  # the first object's base: one past the ids it may name
+    at = 48 + 200 * 21  # the first object's base: one past the ids it may name, the last
     past = data[:at] + (200 + 50).to_bytes(4, "little") + data[at + 4:]
     assert decode_walk(past, 20) is None
+    last = decode_walk(data[:at] + (200 + 49).to_bytes(4, "little") + data[at + 4:], 20)
+    assert last is not None and last.hints[ids[0]] != hints[ids[0]]
+    # An object its own base (a planted record) is refused: it could be written as a
+    # delta of itself.
+    itself = data[:at] + (0).to_bytes(4, "little") + data[at + 4:]
+    assert decode_walk(itself, 20) is None
+    empty = Enumeration([], set())
+    assert decode_walk(encode_walk(empty, 20), 20) == empty
     with pytest.raises(ValueError):  # an id of another length is refused, not written
         encode_walk(Enumeration([(b"short", 1)], set()), 20)
+
+
+def test_a_hint_to_itself_is_not_written_as_a_delta(git: Git, tmp_path: Path) -> None:
+    """A walk's hints come from a record on disk now; one that names an object its own
+    base (or a chain back to it) must not make the writer send a delta of the object
+    against itself: a corrupt pack."""
+    repo = tmp_path / "loose.git"
+    git.run("init", "-q", "--bare", str(repo))
+    text = "".join(f"line {i}\n" for i in range(400)).encode()
+    blobs = [git.out("hash-object", "-w", "--stdin", cwd=repo, input=text + bytes([i]) * 40)
+             .strip() for i in range(3)]
+    a, b, c = (bytes.fromhex(x) for x in blobs)
+    hints = {a: a, b: c, c: b}  # itself; a cycle that leads back
+    with ObjectSnapshot(str(repo / "objects"), 20, PackRegistry(), FsOps(),
+                        dirs=DirCache()) as odb:
+        source = ReusePackSource(odb, Selection([], [a, b, c]), ofs_delta=True,
+                                 delta_hints=hints, listed_only=True)
+        pack = b"".join(ch for ch in source.chunks() if isinstance(ch, bytes))
+    out = tmp_path / "out.pack"
+    out.write_bytes(pack)
+    git.run("init", "-q", "--bare", str(tmp_path / "check.git"))
+    git.run("index-pack", "--strict", "-o", str(tmp_path / "out.idx"), str(out),
+            cwd=tmp_path / "check.git")
+    listed = git.out("verify-pack", "-v", str(tmp_path / "out.idx"), cwd=tmp_path / "check.git")
+    assert {line.split()[0] for line in listed.splitlines() if " blob " in line} == set(blobs)
+    assert source.stats.deltas == 1  # c against b (or b against c): only a real base
