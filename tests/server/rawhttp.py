@@ -7,6 +7,7 @@ response is the server closing the connection. Only 127.0.0.1 is ever contacted.
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import time
@@ -257,6 +258,19 @@ def thread_count(pid: int) -> int:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise AssertionError("no Threads: line")
+
+
+def metric_samples(port: int, name: str) -> dict[str, float]:
+    """Every sample of ``name`` in the server's /metrics, by its label text (``""`` for
+    none, else e.g. ``{result="hit"}``)."""
+    resp = request(port, "GET", "/metrics")
+    assert resp.status == 200
+    out = {}
+    for line in resp.text.splitlines():
+        m = re.match(rf"{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
 
 
 def metric(port: int, sample: str, default: float | None = None) -> float:

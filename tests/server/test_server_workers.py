@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
 from netnskit import SlowProxy
-from rawhttp import FLUSH, parse_pkts, pkt_lines, post_upload_pack, request
+from rawhttp import FLUSH, metric_samples, parse_pkts, pkt_lines, post_upload_pack, request
 
 BLOB = 6 << 20  # a clone through SlowProxy at 4 MiB/s is in flight for about a second
 INFO_REFS = "/app.git/info/refs?service=git-upload-pack"
@@ -50,25 +50,13 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
-def _samples(port: int, name: str) -> dict[str, float]:
-    """Every sample of ``name`` in /metrics, by its label text."""
-    resp = request(port, "GET", "/metrics")
-    assert resp.status == 200
-    out = {}
-    for line in resp.text.splitlines():
-        m = re.match(rf"{re.escape(name)}(\{{.*\}})? (\S+)$", line)
-        if m:
-            out[m.group(1) or ""] = float(m.group(2))
-    return out
-
-
 def _info_refs_total(port: int) -> float:
-    return sum(v for k, v in _samples(port, "gitspout_requests_total").items()
+    return sum(v for k, v in metric_samples(port, "gitspout_requests_total").items()
                if 'command="info-refs"' in k)
 
 
 def _ready(port: int) -> float:
-    return _samples(port, "gitspout_workers").get('{state="ready"}', 0)
+    return metric_samples(port, "gitspout_workers").get('{state="ready"}', 0)
 
 
 def _start(root: Path, extra: tuple[str, ...] = ()) -> LiveServer:
@@ -95,7 +83,7 @@ def test_requests_spread_over_workers_and_counted_once(
         for _ in range(n):  # a new connection each: the kernel hashes each to a worker
             assert request(srv.port, "GET", INFO_REFS).status == 200
         assert _info_refs_total(srv.port) == before + n  # neither lost nor double-counted
-        per = _samples(srv.port, "gitspout_worker_requests_total")
+        per = metric_samples(srv.port, "gitspout_worker_requests_total")
         assert len(per) == 2 and all(v > 0 for v in per.values()), per
         assert {f'{{pid="{p}"}}' for p in _children(srv.proc.pid)} == set(per)
         _clone_equal(git, srv, tmp_path, "c1")
@@ -121,7 +109,7 @@ def test_killed_worker_is_restarted_and_its_counts_kept(
                    else set(), 20, "a new worker")
         assert len(new) == 1 and victim not in _children(srv.proc.pid)
         assert poll(lambda: _ready(srv.port) == 2, 20, "two ready workers")
-        assert _samples(srv.port, "gitspout_worker_restarts_total") == {"": 1}
+        assert metric_samples(srv.port, "gitspout_worker_restarts_total") == {"": 1}
         assert _info_refs_total(srv.port) == seen  # the dead worker's scraped counts stay
         for _ in range(10):
             assert request(srv.port, "GET", INFO_REFS).status == 200
@@ -226,19 +214,19 @@ def test_bundles_shared_by_workers(workers_root: Path, git: Git, tmp_path: Path)
         offered = poll(listed, 30, "a bundle offered")
         uri = next(v for k, v in offered.items() if k.endswith(".uri"))
         path = "/" + uri.split("/", 3)[3]
-        assert poll(lambda: _samples(srv.port, "gitspout_bundles_written_total").get("") == 1,
+        assert poll(lambda: metric_samples(srv.port, "gitspout_bundles_written_total").get("") == 1,
                     10, "one bundle written")
-        before = _samples(srv.port, "gitspout_worker_requests_total")
+        before = metric_samples(srv.port, "gitspout_worker_requests_total")
         bodies = set()
         for _ in range(30):  # a new connection each: both workers serve it
             resp = request(srv.port, "GET", path)
             assert resp.status == 200
             bodies.add(resp.body)
             assert listed() == offered
-        after = _samples(srv.port, "gitspout_worker_requests_total")
+        after = metric_samples(srv.port, "gitspout_worker_requests_total")
         assert len(after) == 2 and all(after[k] > before.get(k, 0) for k in after), after
         assert len(bodies) == 1 and next(iter(bodies)).startswith(b"# v2 git bundle\n")
-        assert _samples(srv.port, "gitspout_bundle_requests_total")[
+        assert metric_samples(srv.port, "gitspout_bundle_requests_total")[
             '{result="served"}'] == 30
         dest = tmp_path / "with-bundle"
         git.run("-c", "protocol.version=2", "clone", "-q", "--bare", f"--bundle-uri={srv.url}{path}",
@@ -268,14 +256,14 @@ def test_blob_packs_shared_by_workers(workers_root: Path, git: Git, tmp_path: Pa
                     "--bare", f"{srv.url}/app.git", str(dest))
             fsck(git, dest)
             assert len(list((dest / "objects" / "pack").glob("*.pack"))) == 2
-        assert _samples(srv.port, "gitspout_blob_packs_written_total") == {"": 1}
+        assert metric_samples(srv.port, "gitspout_blob_packs_written_total") == {"": 1}
         (shared,) = (where / "gitspout-blobpacks").iterdir()
         (name,) = [p.name for p in shared.glob("*.pack")]
-        before = _samples(srv.port, "gitspout_worker_requests_total")
+        before = metric_samples(srv.port, "gitspout_worker_requests_total")
         for _ in range(20):
             resp = request(srv.port, "GET", f"/app.git/gitspout-blobpack/{name}")
             assert resp.status == 200 and len(resp.body) > BLOB
-        after = _samples(srv.port, "gitspout_worker_requests_total")
+        after = metric_samples(srv.port, "gitspout_worker_requests_total")
         assert len(after) == 2 and all(after[k] > before.get(k, 0) for k in after), after
     finally:
         srv.stop()
@@ -338,7 +326,7 @@ def test_merge_sums_counters_keeps_dead_counters_drops_dead_gauges() -> None:
 
 def _lookups(port: int) -> dict[str, float]:
     return {re.search(r'result="(\w+)"', k).group(1): v
-            for k, v in _samples(port, "gitspout_pack_cache_lookups_total").items()}
+            for k, v in metric_samples(port, "gitspout_pack_cache_lookups_total").items()}
 
 
 def test_pack_cache_is_shared_one_producer_per_key(
@@ -359,14 +347,14 @@ def test_pack_cache_is_shared_one_producer_per_key(
                 assert p.returncode == 0, err.decode(errors="replace")
 
         finish([clone("first", "blob:none")])
-        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        generated = metric_samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
         for i in range(12):
             finish([clone(f"seq{i}", "blob:none")])
         assert _lookups(srv.port) == {"hit": 12, "miss": 1, "joined": 0, "bypass": 0}
         finish([clone(f"storm{i}", "tree:0") for i in range(8)])
         got = _lookups(srv.port)
         assert got["miss"] == 2 and got["hit"] + got["joined"] == 19 and got["bypass"] == 0
-        assert _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""] > generated
+        assert metric_samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""] > generated
         ref = tmp_path / "file-blobless"
         git.run("clone", "-q", "--bare", "--no-local", "--filter=blob:none",
                 f"file://{workers_root / 'app.git'}", str(ref))
@@ -457,11 +445,11 @@ def test_shared_cache_directory_stays_within_the_size_in_all(git: Git, tmp_path:
             poll(lambda: not list(shared.glob("*.part")), 20, "no pack being written")
             assert _disk_bytes(cache) <= cap, sorted(
                 (f.name, f.stat().st_size) for f in cache.rglob("*") if f.is_file())
-        generated = _samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
+        generated = metric_samples(srv.port, "gitspout_pack_cache_generated_bytes_total")[""]
         assert generated > 2 * cap  # the cache was asked to hold more than twice its size
-        evicted = _samples(srv.port, "gitspout_pack_cache_evictions_total")
+        evicted = metric_samples(srv.port, "gitspout_pack_cache_evictions_total")
         assert evicted['{reason="size"}'] >= 3
-        assert _samples(srv.port, "gitspout_pack_cache_limit_bytes")[""] <= cap
+        assert metric_samples(srv.port, "gitspout_pack_cache_limit_bytes")[""] <= cap
     finally:
         srv.stop()
 
@@ -555,7 +543,7 @@ def test_metrics_port_answers_for_every_worker(workers_root: Path) -> None:
             assert request(srv.port, "GET", INFO_REFS).status == 200
         assert request(srv.port, "GET", "/metrics").status == 404
         assert _info_refs_total(mport) == 30
-        assert _samples(mport, "gitspout_workers")['{state="answered"}'] == 2
+        assert metric_samples(mport, "gitspout_workers")['{state="answered"}'] == 2
     finally:
         srv.stop()
 

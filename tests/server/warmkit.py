@@ -3,23 +3,17 @@ counts on /metrics, its files, and a real clone checked against ``file://``."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from gitspout.server.store.closurestore import STORE_DIR
 from gitutil import Git, LiveServer, fsck, repo_state
-from rawhttp import request
+from rawhttp import metric_samples
 
 
 def store_counts(port: int) -> dict[str, float]:
-    resp = request(port, "GET", "/metrics")
-    assert resp.status == 200
-    out = {}
-    for line in resp.text.splitlines():
-        m = re.match(r'gitspout_closure_store_total\{result="(\w+)"\} (\S+)$', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    """``gitspout_closure_store_total`` by result."""
+    return {label.split('"')[1]: value for label, value
+            in metric_samples(port, "gitspout_closure_store_total").items()}
 
 
 def clone_equal(git: Git, srv: LiveServer, tmp: Path, name: str, spec: str,
