@@ -232,9 +232,10 @@ class _FaultCollector:
 class ClosureStoreCollector:
     """``gitspout_closure_store_total{result}`` and ``gitspout_closure_store_bytes``
     (store/closurestore.py): closures, layouts and clones' object walks read from the
-    local disk instead of computed (loaded), computed for want of one (missed), of those computed on top of a
-    closure stored for an earlier ref state (based), written, removed (stale: their pack
-    was replaced; corrupt; evicted over the budget) or not written (dropped)."""
+    local disk instead of computed (loaded), computed for want of one (missed), of those
+    computed on top of a closure stored for an earlier ref state (based), written, removed
+    (stale: their pack was replaced; corrupt; evicted over the budget, or a repository's
+    walks past eight) or not written (dropped)."""
 
     def __init__(self, store: ClosureStore) -> None:
         self.store = store

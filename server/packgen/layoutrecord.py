@@ -110,5 +110,12 @@ def load_layout(disk: ClosureStore, where: tuple[str, str, bytes], order: array
                 ) -> Layout | None:
     """The layout of ``order`` kept in ``disk`` under ``where`` (:func:`disk_key`), or
     None."""
-    data = disk.load(*where)
-    return decode_layout(data, order) if data is not None else None
+    data = disk.load(*where, count_hit=False)
+    if data is None:
+        return None
+    layout = decode_layout(data, order)
+    if layout is None:
+        disk.refuse(*where[:2])
+    else:
+        disk.accept(*where[:2])
+    return layout

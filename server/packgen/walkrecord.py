@@ -51,7 +51,8 @@ FORMAT = b"walk2"
 PREFIX = "walk-"
 _HEAD = struct.Struct("<6Q")  # hash length, objects, haves, other bases, spilled hints, newer
 _NO_BASE = 0xFFFFFFFF
-assert array("I").itemsize == 4, "walk records need a four-byte array type"
+if array("I").itemsize != 4:
+    raise ImportError("walk records need a four-byte array type")
 _TYPES = frozenset((OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG))
 _RECORD_SLACK = 1024  # the store's header, checksum and code digest around a payload
 
@@ -158,8 +159,16 @@ def load_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder) -> Enum
     counted as a closure missed: most walks are too small, or not a clone's."""
     if not disk.enabled or not kept(order):
         return None
-    data = disk.load(*_where(odb, order), count_miss=False)
-    return decode_walk(data, odb.hash_len) if data is not None else None
+    scope, name, identity = _where(odb, order)
+    data = disk.load(scope, name, identity, count_miss=False, count_hit=False)
+    if data is None:
+        return None
+    enum = decode_walk(data, odb.hash_len)
+    if enum is None:
+        disk.refuse(scope, name)
+    else:
+        disk.accept(scope, name)
+    return enum
 
 
 def touch_walk(disk: ClosureStore, odb: ObjectSnapshot, order: PackOrder,

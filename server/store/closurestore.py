@@ -166,6 +166,22 @@ class ClosureStore:
             self._count("loaded")
         return found[1]
 
+    def accept(self, scope: str, name: str) -> None:
+        """A record read with ``count_hit=False`` turned out usable: counted loaded, and
+        evicted last (what :meth:`load` does for a record it accepts itself)."""
+        self.touch(scope, name)
+        self._count("loaded")
+
+    def refuse(self, scope: str, name: str) -> None:
+        """A record whose identity matched but whose payload its reader cannot use (a
+        planted or damaged one): removed, and counted corrupt."""
+        path = os.path.join(self.root, scope, name + SUFFIX)
+        try:
+            size = os.stat(path, follow_symlinks=False).st_size
+        except OSError:
+            return
+        self._drop(path, size, "corrupt")
+
     def touch(self, scope: str, name: str, every: float = 0.0) -> None:
         """Mark the record ``name`` as used now, if it exists: evicted last, and first in
         :meth:`recent`. With ``every``, not again within that many seconds of this

@@ -12,6 +12,7 @@ walks past WALKS_KEPT, are not loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from gitspout.server.packgen.walkrecord import (
     DISK_WALK_OBJECTS,
     STORE_SHARE,
     WALKS_KEPT,
+    _where,
     decode_walk,
     encode_walk,
     load_walk,
@@ -98,23 +100,24 @@ def _shallow_equal(git: Git, srv: LiveServer, tmp: Path, name: str) -> None:
 
 
 def _serve_clones(git: Git, root: Path, cache: Path, tmp: Path, tag: str,
-                  written: int) -> dict[str, float]:
+                  walks: int) -> dict[str, float]:
     """A fresh process clones (full, blob:none, shallow), each equal to ``file://``; it is
-    stopped once ``written`` records are on disk (its last step writes what is queued).
-    Returns its closure-store counts."""
+    stopped once ``walks`` walk records are on disk (its last step writes what is
+    queued). Returns its closure-store counts."""
     srv = start_server(root, ["--pack-cache-dir", str(cache)])
     try:
         for spec in SPECS:
             clone_equal(git, srv, tmp, f"{tag}-{spec or 'full'}", spec)
         _shallow_equal(git, srv, tmp, f"{tag}-shallow")
-        return poll(lambda: (c := store_counts(srv.port)) and c.get("written", 0) >= written
-                    and c, 30, "walks written")
+        poll(lambda: len(_walks(cache)) >= walks, 30, "walks written")
+        return store_counts(srv.port)
     finally:
         srv.stop()
 
 
-def _walks(cache: Path) -> list[str]:
-    return sorted(p.name for p in store_files(cache) if p.name.startswith("walk-"))
+def _walks(cache: Path) -> dict[str, int]:
+    """The walk records on disk: name -> inode (a record written again is a new file)."""
+    return {p.name: p.stat().st_ino for p in store_files(cache) if p.name.startswith("walk-")}
 
 
 def test_restarted_server_loads_the_walks_instead_of_walking(
@@ -129,9 +132,10 @@ def test_restarted_server_loads_the_walks_instead_of_walking(
     assert all(p.stat().st_size > 20 * DISK_WALK_OBJECTS
                for p in store_files(cache) if p.name.startswith("walk-"))
     second = _serve_clones(git, plain_root, cache, tmp_path, "second", 0)
-    # Every clone read its walk; nothing was walked, so no walk was written again (the
-    # files are as the first process left them, read after the second one stopped).
-    assert second.get("loaded", 0) == 3, second
+    # Every clone read its walk (and the layouts of its entries, all loaded, none
+    # computed); nothing was walked, so no walk was written again: the same files, read
+    # after the second process stopped.
+    assert second.get("loaded", 0) >= 3 and second.get("written", 0) == 0, second
     assert _walks(cache) == walks
 
 
@@ -148,6 +152,44 @@ def test_push_between_restarts_walks_again(git: Git, plain_root: Path,
     assert second.get("loaded", 0) == 0, second
     after = _walks(cache)
     assert len(after) == 6 and set(before) < set(after), (before, after)
+
+
+def test_a_tag_hidden_between_restarts_is_not_sent_from_a_kept_walk(
+        git: Git, plain_root: Path, tmp_path: Path) -> None:
+    """A guard on the walk's key: once ``refs/tags/v2`` is hidden, no clone of the next
+    process gets its tag object (reachable from it alone), although the walks kept
+    before listed it; each clone is the same as over ``file://`` with the same config
+    (but for that object, see below)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _serve_clones(git, plain_root, cache, tmp_path, "first", 3)
+    repo = plain_root / "app.git"
+    tag = git.out("rev-parse", "refs/tags/v2", cwd=repo).strip()
+    git.run("config", "uploadpack.hideRefs", "refs/tags/v2", cwd=repo)
+    srv = start_server(plain_root, ["--pack-cache-dir", str(cache)])
+    try:
+        dests = []
+        for spec in SPECS:
+            clone_equal(git, srv, tmp_path, f"hidden-{spec or 'full'}", spec)
+            dests.append(tmp_path / f"hidden-{spec or 'full'}")
+        dest, ref = tmp_path / "hidden-shallow", tmp_path / "hidden-shallow-file"
+        for url, to in ((f"{srv.url}/app.git", dest), (f"file://{repo}", ref)):
+            git.run("-c", "protocol.version=2", "clone", "-q", "--bare", "--depth", "1400",
+                    url, str(to))
+        fsck(git, dest)
+        # C git's include-tag adds every tag of a commit sent, a hidden one too (over
+        # file:// the clone gets v2's tag object, though no ref names it); gitspout never
+        # sends what only a hidden ref reaches.
+        got, want = repo_state(git, dest), repo_state(git, ref)
+        assert got == dataclasses.replace(want, objects=want.objects - {tag})
+        dests.append(dest)
+        for d in dests:
+            assert git.run("cat-file", "-e", tag, cwd=d, check=False).returncode != 0, d
+            assert "refs/tags/v2" not in git.out("show-ref", cwd=d, check=False)
+        # Three new walks, for the wants without v2: none of the kept ones was used.
+        poll(lambda: len(_walks(cache)) >= 6, 30, "new walks written")
+    finally:
+        srv.stop()
 
 
 class _Odb:
@@ -184,9 +226,14 @@ def test_only_clones_walks_are_kept_and_no_more_than_walks_kept(tmp_path: Path) 
     small = PackOrder(wants=(b"\3" * 20,))
     save_walk(store, odb, small, _enum(0, DISK_WALK_OBJECTS - 1))  # type: ignore[arg-type]
     orders = [PackOrder(wants=(bytes([i]) * 20,), thin=True) for i in range(10, 11 + WALKS_KEPT)]
-    for i, order in enumerate(orders):  # one after the other: mtimes in order of use
+    for i, order in enumerate(orders):  # one after the other, each used later than the last
         save_walk(store, odb, order, _enum(i))  # type: ignore[arg-type]
         store.flush()
+        # Each earlier walk a second older: two writes within one tick of the file
+        # system's clock would share an mtime, and the trim's order be the names'.
+        for path in (tmp_path / "gitspout-closures").glob("*/walk-*"):
+            st = path.stat()
+            os.utime(path, (st.st_atime, st.st_mtime - 1))
     names = list((tmp_path / "gitspout-closures").glob("*/walk-*"))
     assert len(names) == WALKS_KEPT, names
     assert load_walk(store, odb, fetch) is None  # type: ignore[arg-type]
@@ -254,6 +301,24 @@ def test_walk_record_round_trip_and_damage() -> None:
     assert decode_walk(encode_walk(empty, 20), 20) == empty
     with pytest.raises(ValueError):  # an id of another length is refused, not written
         encode_walk(Enumeration([(b"short", 1)], set()), 20)
+
+
+def test_a_record_its_reader_cannot_use_is_removed_and_counted_corrupt(
+        tmp_path: Path) -> None:
+    """A record whose identity matches (the store's checksum is whole) but whose payload
+    is no walk, as one planted in the store's directory would be: not loaded, removed."""
+    store = ClosureStore(str(tmp_path), 64 << 20)
+    odb, order = _Odb(), PackOrder(wants=(b"\1" * 20,))
+    save_walk(store, odb, order, _enum(1))  # type: ignore[arg-type]
+    store.flush()
+    assert load_walk(store, odb, order) == _enum(1)  # type: ignore[arg-type]
+    assert store.stats.results["loaded"] == 1
+    scope, name, identity = _where(odb, order)  # type: ignore[arg-type]
+    store.save(scope, name, identity, encode_walk(_enum(1), 20)[:-1])
+    store.flush()
+    assert load_walk(store, odb, order) is None  # type: ignore[arg-type]
+    assert store.stats.results["corrupt"] == 1 and store.stats.results["loaded"] == 1
+    assert not list((tmp_path / "gitspout-closures").glob("*/walk-*"))
 
 
 def test_a_hint_to_itself_is_not_written_as_a_delta(git: Git, tmp_path: Path) -> None:
