@@ -327,13 +327,15 @@ class BitmapIndex:
         """(digest, roots) of a roots record; None when it is not one of this pack's."""
         data = disk.load(scope, name, self._roots_identity(name), count_miss=False,
                          count_hit=False)
-        width = self.pack.hash_len
-        if data is None or len(data) < _DIGEST or (len(data) - _DIGEST) % width:
+        if data is None:
             return None
-        digest = data[:_DIGEST]
-        if digest.hex()[:40] != name.rsplit("-", 1)[1]:
-            return None  # the store checked the bytes; this checks whose they are
-        return digest, {data[k:k + width] for k in range(_DIGEST, len(data), width)}
+        width = self.pack.hash_len
+        # The store checked the bytes; this checks that they are roots, and whose.
+        if (len(data) < _DIGEST or (len(data) - _DIGEST) % width
+                or data[:_DIGEST].hex()[:40] != name.rsplit("-", 1)[1]):
+            disk.refuse(scope, name)
+            return None
+        return data[:_DIGEST], {data[k:k + width] for k in range(_DIGEST, len(data), width)}
 
     def _load_kinds(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str],
                     count: bool = True) -> Reach | None:
@@ -341,11 +343,16 @@ class BitmapIndex:
         store has (no miss counted; a load only with ``count``)."""
         for kind in kinds:
             scope, name, identity = self._disk_key(digest, kind)
-            data = disk.load(scope, name, identity, count_miss=False, count_hit=count)
-            if data is not None:
-                found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
-                if found is not None:
-                    return found
+            data = disk.load(scope, name, identity, count_miss=False, count_hit=False)
+            if data is None:
+                continue
+            found = Reach.from_bytes(data, self.pack.count, self.pack.hash_len)
+            if found is None:  # whole, but not a closure of this pack: removed
+                disk.refuse(scope, name)
+            else:
+                if count:
+                    disk.accept(scope, name)
+                return found
         return None
 
     def load_stored(self, disk: ClosureStore, digest: bytes, kinds: Iterable[str]

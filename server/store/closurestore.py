@@ -142,7 +142,8 @@ class ClosureStore:
         """The payload stored under ``name`` if its identity is ``identity``; None
         otherwise (counted: loaded, unless not ``count_hit``, and then it is no use that
         keeps the file; missed unless not ``count_miss``; stale or corrupt, both of which
-        remove the file)."""
+        remove the file). A reader that decodes the payload itself loads without
+        ``count_hit``, then calls :meth:`accept` or :meth:`refuse`."""
         if not self.enabled:
             return None
         path = os.path.join(self.root, scope, name + SUFFIX)

@@ -341,6 +341,35 @@ def _stored(bi: BitmapIndex, disk: ClosureStore, roots: list[bytes]) -> None:
     disk.flush()
 
 
+def test_a_record_whose_payload_is_no_closure_is_removed_and_walked_again(
+        warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
+    """Records whose identity matches (whole to the store's checksum) but whose payload is
+    no closure, or no roots (planted in the store's directory): not counted loaded,
+    removed and counted corrupt, and the closure is walked and exact."""
+    repo = warm_root / "app.git"
+    old_main, new_main = _ids(git, repo, "main~2", "main")
+    cache, disk, bi = indexed
+    _stored(bi, disk, [old_main])
+    planted = store_files(cache)
+    assert len(planted) >= 2  # the closure and its roots
+    for path in planted:
+        found = decode_record(path.read_bytes())
+        assert found is not None
+        path.write_bytes(encode_record(found[0], b"\0" * 3))
+    got = bi.reach_cached([old_main], ByteLRU("sets", 1 << 26), disk=disk)
+    # A later state finds no base either: the roots record is no roots.
+    newer = bi.reach_cached([new_main], ByteLRU("sets", 1 << 26), disk=disk)
+    assert disk.stats.results["loaded"] == 0, disk.stats.results
+    assert disk.stats.results["corrupt"] == len(planted), disk.stats.results
+    for reach, roots in ((got, [old_main]), (newer, [new_main])):
+        want = bi.reach(roots)
+        assert (reach.bits, reach.extra) == (want.bits, want.extra)
+    disk.flush()
+    for path in store_files(cache):  # written again, whole
+        found = decode_record(path.read_bytes())
+        assert found is not None and found[1] != b"\0" * 3
+
+
 def test_a_base_whose_branch_went_is_passed_over_for_an_older_one(
         warm_root: Path, git: Git, indexed: tuple[Path, ClosureStore, BitmapIndex]) -> None:
     """States main~2, then side (newest), then main: both lack one root of the new state

@@ -136,6 +136,7 @@ def test_restarted_server_loads_the_walks_instead_of_walking(
     # computed); nothing was walked, so no walk was written again: the same files, read
     # after the second process stopped.
     assert second.get("loaded", 0) >= 3 and second.get("written", 0) == 0, second
+    assert second.get("corrupt", 0) == second.get("stale", 0) == 0, second
     assert _walks(cache) == walks
 
 
@@ -148,7 +149,7 @@ def test_push_between_restarts_walks_again(git: Git, plain_root: Path,
     _serve_clones(git, plain_root, cache, tmp_path, "first", 3)
     before = _walks(cache)
     _push(git, plain_root / "app.git", tmp_path, "pushed")
-    second = _serve_clones(git, plain_root, cache, tmp_path, "second", 3)
+    second = _serve_clones(git, plain_root, cache, tmp_path, "second", 6)
     assert second.get("loaded", 0) == 0, second
     after = _walks(cache)
     assert len(after) == 6 and set(before) < set(after), (before, after)
