@@ -35,7 +35,7 @@ from gitspout.server.store.packscan import base_ranks_of, scan_headers
 from gitspout.server.store.repos import RepoResolver
 from gitspout.server.store.revindex import sort_positions as _sort_positions
 from gitutil import Git, fsck, git_env, repo_state, start_server
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 LAYOUTS = ("plain", "rev", "large")
@@ -302,6 +302,12 @@ def test_merge_changes_match_a_full_diff(old: dict[bytes, tuple[int, bytes]],
 
     def kind(mode: int) -> int:  # a tree, a gitlink, or a file of any mode
         return mode & 0o170000 if mode & 0o170000 in (0o040000, 0o160000) else 0
+
+    # An id names one object, of one type: a file that became a directory (or a gitlink)
+    # has another id. With the same one, whether the merge sees a change depends on the
+    # entries between the two places the name sorts at.
+    assume(all(kind(old[n][0]) == kind(m) for n, (m, oid) in new.items()
+               if n in old and old[n][1] == oid))
 
     expected = [(mode, oid, None if name not in old else old[name][1] if kind(old[name][0]) == kind(mode)
                  else None)
