@@ -27,7 +27,7 @@ from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
 from gitspout.server.graph.bitmapwalk import ALL, COMMITS, TREES, BitmapIndex, open_bitmap_index
 from gitspout.server.packgen import layout
-from gitspout.server.packgen.layoutrecord import Layout, decode_layout, encode_layout
+from gitspout.server.packgen.layoutrecord import Layout, decode_layout, encode_layout, load_layout
 from gitspout.server.store.closurestore import (
     STORE_DIR,
     TMP_AGE,
@@ -775,3 +775,20 @@ def test_layout_record_round_trip_and_mismatch() -> None:
     assert decode_layout(data, array("I", [1, 2, 6])) is None  # other entries
     for bad in (data[:-1], data + b"x", data[:50], b""):
         assert decode_layout(bad, array("I", [1, 2, 5])) is None
+
+
+def test_a_layout_record_that_is_no_layout_is_removed(tmp_path: Path) -> None:
+    """A layout record whose identity matches but whose payload is no layout of the
+    entries asked for is not loaded: removed and counted corrupt; a good one is loaded."""
+    layout = Layout(array("I", [1, 2, 5]), array("Q", [0, 10, 30]), b"lit",
+                    array("Q", [0, 3, 3]), array("Q", [100, 140]), array("Q", [120, 160]),
+                    60, 1, 1, 0)
+    disk = ClosureStore(str(tmp_path), 1 << 26)
+    good, bad = ("scope", "layout-good", b"id-good"), ("scope", "layout-bad", b"id-bad")
+    disk.save(*good, encode_layout(layout))
+    disk.save(*bad, encode_layout(layout)[:-1])
+    disk.flush()
+    assert load_layout(disk, good, array("I", [1, 2, 5])) == layout
+    assert load_layout(disk, bad, array("I", [1, 2, 5])) is None
+    assert disk.stats.results["loaded"] == 1 and disk.stats.results["corrupt"] == 1
+    assert [p.name for p in (tmp_path / STORE_DIR / "scope").iterdir()] == ["layout-good.clo"]
