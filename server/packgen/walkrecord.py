@@ -144,9 +144,12 @@ def decode_walk(data: bytes, hash_len: int) -> Enumeration | None:
     at += 4 * n
     haves = take(n_have)
     known = oids + take(n_extra)
-    if any(b >= len(known) or b == i for i, b in enumerate(bases) if b != _NO_BASE):
-        return None  # a base past the ids, or an object its own base
-    hints = {oids[i]: known[b] for i, b in enumerate(bases) if b != _NO_BASE}
+    hints = {}
+    for i, b in enumerate(bases):
+        if b != _NO_BASE:
+            if b >= len(known) or b == i:
+                return None  # a base past the ids, or an object its own base
+            hints[oids[i]] = known[b]
     spill = take(2 * n_spill)
     hints.update(zip(spill[::2], spill[1::2], strict=True))
     newer, newer_bases = take(n_newer), take(n_newer)

@@ -160,11 +160,7 @@ class ClosureStore:
             self._drop(path, len(data), "corrupt" if found is None else "stale")
             return None
         if count_hit:  # a use: evicted last (a look is not, nor does it reorder recent())
-            try:
-                os.utime(path)
-            except OSError:
-                pass
-            self._count("loaded")
+            self.accept(scope, name)
         return found[1]
 
     def accept(self, scope: str, name: str) -> None:
@@ -176,12 +172,7 @@ class ClosureStore:
     def refuse(self, scope: str, name: str) -> None:
         """A record whose identity matched but whose payload its reader cannot use (a
         planted or damaged one): removed, and counted corrupt."""
-        path = os.path.join(self.root, scope, name + SUFFIX)
-        try:
-            size = os.stat(path, follow_symlinks=False).st_size
-        except OSError:
-            return
-        self._drop(path, size, "corrupt")
+        self._remove(scope, name, "corrupt")
 
     def touch(self, scope: str, name: str, every: float = 0.0) -> None:
         """Mark the record ``name`` as used now, if it exists: evicted last, and first in
@@ -255,14 +246,8 @@ class ClosureStore:
         moves on (tips after a push) are not loaded again once it has."""
         if not self.enabled:
             return
-        names = self.recent(scope, prefix, 1 << 30)
-        for name in names[keep:]:
-            path = os.path.join(self.root, scope, name + SUFFIX)
-            try:
-                size = os.stat(path, follow_symlinks=False).st_size
-            except OSError:
-                continue
-            self._drop(path, size, "evicted")
+        for name in self.recent(scope, prefix, 1 << 30)[keep:]:
+            self._remove(scope, name, "evicted")
 
     # -- writing ---------------------------------------------------------------------
 
@@ -418,6 +403,15 @@ class ClosureStore:
     def _count(self, result: str) -> None:
         with self._lock:
             self.stats.results[result] += 1
+
+    def _remove(self, scope: str, name: str, result: str) -> None:
+        """:meth:`_drop` the record ``name`` of ``scope``, if it is there."""
+        path = os.path.join(self.root, scope, name + SUFFIX)
+        try:
+            size = os.stat(path, follow_symlinks=False).st_size
+        except OSError:
+            return
+        self._drop(path, size, result)
 
     def _drop(self, path: str, size: int, result: str) -> None:
         try:
