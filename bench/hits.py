@@ -73,7 +73,7 @@ from bench.saturation import record_bodies  # noqa: E402
 REPO_TOP = Path(__file__).resolve().parent.parent
 DEFAULT_REPO = REPO_TOP / "bench" / "work" / "real" / "dulwich-gc.git"
 UPLOAD_CT = "application/x-git-upload-pack-request"
-TTL = 2.0  # --pack-cache-ttl: a round waits it out to measure a production again
+TTL = 5.0  # --pack-cache-ttl: a round waits it out to measure a production again
 SETTLE = 0.05  # seconds after a client ends before the server's CPU is read again
 
 # The baseline: accept, read a file name, sendfile the file whole, close.

@@ -26,7 +26,7 @@ from .packscan import base_ranks_of
 if TYPE_CHECKING:
     from .closurestore import ClosureStore
 
-__all__ = ["ReverseIndex", "as_array", "facts_name", "sort_positions"]
+__all__ = ["ReverseIndex", "as_array", "facts_key", "facts_name", "sort_positions"]
 
 _FACTS = struct.Struct("<?Q")  # has a REF_DELTA, deltas
 
@@ -37,7 +37,7 @@ def facts_name(pack: ReverseIndex) -> str:
     return f"{pack.checksum.hex()[:16]}-deltas"
 
 
-def _facts_key(pack: ReverseIndex, scope: str) -> tuple[str, str, bytes]:
+def facts_key(pack: ReverseIndex, scope: str) -> tuple[str, str, bytes]:
     """(scope, name, identity) of a pack's delta facts in the closure store, identified by
     the pack's checksum and entry count (a pack never changes) and the record's format."""
     return scope, facts_name(pack), pack.checksum + b"|%d|deltas1" % pack.count
@@ -257,13 +257,17 @@ class ReverseIndex:
         return facts
 
     def _delta_facts(self, disk: ClosureStore | None, scope: str) -> tuple[bool, int]:
-        where = _facts_key(self, scope) if disk is not None and scope else None
+        where = facts_key(self, scope) if disk is not None and scope else None
         if disk is not None and where is not None:
-            # Not counted as a closure or a layout loaded or missed; touched as used.
+            # Not counted as a closure or a layout loaded or missed (bitmapwalk.py touches
+            # it as used). A payload of another length (planted, or a bug) is removed and
+            # counted corrupt.
             data = disk.load(*where, count_miss=False, count_hit=False)
             if data is not None and len(data) == _FACTS.size:
                 ref, deltas = _FACTS.unpack(data)
                 return bool(ref), deltas
+            if data is not None:
+                disk.refuse(where[0], where[1])
         ranks = np.frombuffer(self.base_ranks(), dtype=np.int32)
         facts = (bool((ranks < 0).any()),
                  int(np.count_nonzero(ranks != np.arange(len(ranks), dtype=np.int32))))

@@ -38,6 +38,7 @@ from gitspout.server.store.closurestore import (
 from gitspout.server.store.lru import ByteLRU
 from gitspout.server.store.objformat import ids_digest
 from gitspout.server.store.packs import PackFile
+from gitspout.server.store.revindex import facts_key
 from gitutil import Committer, Git, LiveServer, poll, start_server
 from rawhttp import metric
 from warmkit import clone_equal, store_counts, store_files
@@ -646,6 +647,17 @@ def test_a_packs_delta_facts_are_kept_for_the_next_process(git: Git, tmp_path: P
     other = ClosureStore(str(tmp_path / "other"), 1 << 20)
     third = PackFile(base, 20, ("third", base))
     assert third.delta_facts(other, "scope") == want and "base_ranks" in third.extra
+    # A record under the right identity whose payload is no facts: removed, counted
+    # corrupt, and written again from the pack.
+    other.flush()
+    other.save(*facts_key(first, "scope"), b"\x01" * 3, count=False)
+    other.flush()
+    fourth = PackFile(base, 20, ("fourth", base))
+    assert fourth.delta_facts(other, "scope") == want and "base_ranks" in fourth.extra
+    assert other.stats.results["corrupt"] == 1
+    other.flush()
+    fifth = PackFile(base, 20, ("fifth", base))
+    assert fifth.delta_facts(other, "scope") == want and "base_ranks" not in fifth.extra
 
 
 def test_record_round_trip_and_damage() -> None:
