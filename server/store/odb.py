@@ -78,10 +78,7 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
         self.alternates: list[ObjectSnapshot] = []
         try:
             self._scan_packs()
-            # Real paths of the object directories this request reads so far: its own
-            # first (C git's alt_odb_usable skips it and any directory seen already).
-            seen = _seen if _seen is not None else {os.path.realpath(objects_dir)}
-            self.alternates = self._load_alternates(_depth, seen)
+            self.alternates = self._load_alternates(_depth, _seen)
         except BaseException:
             # Whatever failed (EMFILE included), what was taken is given back now, not
             # when a traceback holding this half-made snapshot is collected.
@@ -193,11 +190,14 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
         self._loose_fresh = True
         self._scan_packs(fresh=True)
 
-    def _load_alternates(self, depth: int, seen: set[str]) -> list[ObjectSnapshot]:
+    def _load_alternates(self, depth: int, seen: set[str] | None) -> list[ObjectSnapshot]:
         """The alternates as C git links them (object-file.c ``link_alt_odb_entry``): each
         real path once per request, the repository's own objects directory never, depth
         first, at most :data:`MAX_OBJECT_DIRS` directories in all. A file naming its own
-        directory 12 times used to cost 12 + 12^2 + ... + 12^5 snapshots per request."""
+        directory 12 times used to cost 12 + 12^2 + ... + 12^5 snapshots per request.
+        ``seen``: the real paths of the object directories this request reads so far
+        (None at the top: its own, found here only when it has alternates, since a
+        ``realpath`` is an ``lstat`` of every component of the path, on every request)."""
         if depth >= _MAX_ALTERNATE_DEPTH:
             return []
         entry = self._info().get("alternates")
@@ -208,6 +208,9 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                               self._info_listing)
         if not data:
             return []
+        if seen is None:  # C git's alt_odb_usable skips its own directory, as one seen
+            self.fs.note("realpath")
+            seen = {os.path.realpath(self.objects_dir)}
         alts = self.alternates  # filled in place: close() sees what failed half-way took
         for line, path in self._alternate_paths(data):
             if path in seen:
