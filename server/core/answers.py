@@ -165,12 +165,14 @@ def encoded(ctx: RequestContext, kind: tuple[object, ...], payloads: Callable[[]
     With ``segmented``, the body is put together from the encoding each segment of refs
     keeps (:class:`~..store.packedrefs.RefSegment`): after a change, only the segments that
     changed are encoded again."""
-    _ = ctx.config  # read first: the key names the config this answer depends on
+    # Read first: the key names the config this answer is made with (the request's own:
+    # another request may have read a newer one meanwhile).
+    config = ctx.config
     # A shallow repository's v0 advertisement ends with its shallow commits
     # (upload-pack.c: advertise_shallow_grafts, after the refs, before the flush).
     trailer = _shallow_lines(ctx) if kind and kind[0] == "v0" else []
     snap = ctx.refs_with_prefixes(prefixes)
-    key = (kind, prefixes, snap.state, ctx.repo.config_key(),
+    key = (kind, prefixes, snap.state, config.identity,
            hashlib.sha1(b"".join(trailer)).digest() if trailer else b"")
     # Nothing is put while the cross-request cache is off: the lookup is then a miss.
     hit = ctx.repo.ref_cache.encoded.get(key)

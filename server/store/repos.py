@@ -9,15 +9,17 @@ what its own symlinks lead to (``confine.py``), unless ``--allow-symlinks-outsid
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from gitspout.protocol.refs import parse_hide_pattern
 
 from .confine import is_within
-from .fscache import DirCache, Listing
+from .fscache import RACY_NS, DirCache, Listing
 from .fsops import FsOps
 from .gitconfig import ConfigEntry, ConfigFileError, parse_config, read_config
 from .lru import ByteLRU, MemoryBudget
@@ -62,6 +64,10 @@ class RepoConfig:
     # uploadpack.blobPackfileUri values, raw: "<object-hash> <pack-hash> <uri>", checked
     # only when a fetch uses them (pack-objects dies there, upload-pack only counts them)
     blob_packfile_uris: tuple[bytes, ...] = ()
+    # SHA-1 of the bytes of the config and its includes this was read from: what an
+    # answer kept across requests names as its config (core/answers.py). Not compared:
+    # two reads of the same settings are the same config.
+    identity: bytes = field(default=b"", compare=False)
 
 
 _TRUE = ("true", "yes", "on", "1")
@@ -198,10 +204,6 @@ class Repo:
     def objects_dir(self) -> str:
         return os.path.join(self.gitdir, "objects")
 
-    def config_key(self) -> tuple[object, ...]:
-        """Identity of the config last read (what each of its files was)."""
-        return self._config.signature if self._config is not None else ()
-
     def config(self, fs: FsOps, dirs: DirCache) -> RepoConfig:
         """:meth:`config_and_listing`'s config."""
         return self.config_and_listing(fs, dirs)[0]
@@ -222,12 +224,14 @@ class Repo:
             raise RepoNotFound(self.url_path)
         dirs.check_links(fs, self.gitdir, top, READ_ENTRIES)
         cached = self._config
-        if dirs.enabled and cached is not None and \
+        if dirs.enabled and cached is not None and cached.trusted and \
                 tuple(map(fs.version, cached.files)) == cached.signature:
             return cached.cfg, top
         main = os.path.join(self.gitdir, "config")
 
         seen: dict[str, object] = {}
+
+        digest = hashlib.sha1()
 
         def read(path: str) -> bytes | None:
             if path != main and dirs.guard is not None:
@@ -235,20 +239,29 @@ class Repo:
             # Stat before reading: a change while it is read is seen by the next request.
             if path not in seen:
                 seen[path] = fs.version(path)
-            return fs.read_file_or_none(path)
+            data = fs.read_file_or_none(path)
+            digest.update(b"%d:%s|" % (len(path), path.encode("utf-8", "surrogateescape")))
+            digest.update(b"-" if data is None else b"%d:%s|" % (len(data), data))
+            return data
 
         entries, files = read_config(main, read, self.gitdir)
         signature = tuple(seen[path] for path in files)
-        cfg = repo_config(entries)
-        self._config = _CachedConfig(tuple(files), signature, cfg)
+        cfg = replace(repo_config(entries), identity=digest.digest())
+        # A file changed within the last RACY_NS may change again without its stat
+        # showing it (the same size, within the same tick of the clock): read again by
+        # every request until it is older, as a racy listing is listed again.
+        now = time.time_ns()
+        trusted = all(v is None or now - v[2] > RACY_NS for v in signature)
+        self._config = _CachedConfig(tuple(files), signature, cfg, trusted)
         return cfg, top
 
 
 @dataclass(frozen=True)
 class _CachedConfig:
     files: tuple[str, ...]  # the config and what it includes
-    signature: tuple[object, ...]  # what each was (stat), in that order
+    signature: tuple[tuple[int, int, int, int] | None, ...]  # what each was (stat), in order
     cfg: RepoConfig
+    trusted: bool = True  # not changed within RACY_NS of its reading
 
 
 def _is_git_dir(path: str) -> bool:

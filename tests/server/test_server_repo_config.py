@@ -17,6 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gitspout.server.app.config import load_config
+from gitspout.server.app.metrics import RequestRecord
+from gitspout.server.app.state import ServerState
+from gitspout.server.core.answers import advertisement_chunks
+from gitspout.server.core.context import RequestContext
 from gitutil import Git, LiveServer, git_env, start_server
 from rawhttp import FLUSH, pkt_lines, post_upload_pack
 
@@ -214,3 +219,78 @@ def test_include_outside_the_root_is_refused(git: Git, cfg_root: Path,
         assert _ours(git, srv) == _theirs(git, root / "r.git") == ["HEAD", "refs/heads/main"]
     finally:
         srv.stop()
+
+
+def _backdate(top: Path, seconds: float) -> None:
+    """Every file and directory under ``top`` last changed ``seconds`` ago: listings and
+    configs old enough to be trusted by their stat."""
+    when = time.time() - seconds
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in [*dirnames, *filenames]:
+            os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
+    os.utime(top, (when, when))
+
+
+def _view(state: ServerState) -> RequestContext:
+    return state.view(state.scope(RequestRecord()), state.resolver.resolve("r.git"))
+
+
+def test_a_kept_advertisement_names_the_config_it_was_made_with(
+        cfg_root: Path, tmp_path: Path) -> None:
+    """A request that read the config before an edit in place, and made its answer after
+    another request read the new one, keeps it under its own config: the next request
+    does not get refs/hidden/secret from it (v0's advertisement, and ls-refs, are kept
+    across requests, core/answers.py). The config of the answer used to be whichever the
+    repository read last (a race with --threads-per-repo 0 or above 1)."""
+    root = tmp_path / "root"
+    shutil.copytree(cfg_root / "r.git", root / "r.git", symlinks=True)
+    repo = root / "r.git"
+    (repo / "config").write_text(BASE)
+    _backdate(root, 3600)
+    state = ServerState.create(load_config({"root": str(root)}, env={}))
+    first = _view(state)
+    assert not first.config.hide_refs  # this request reads the config before the edit
+    with open(repo / "config", "a") as fh:
+        fh.write("[uploadpack]\n\thideRefs = refs/hidden\n")
+    _backdate(repo / "config", 3600)
+    second = _view(state)
+    assert second.config.hide_refs  # another reads it after
+    try:
+        made = b"".join(advertisement_chunks(first, 0))
+        assert b"refs/hidden/secret" in made  # the first request's own answer, as C git's
+        for version in (0, 1):  # (the one read before the edit would send)
+            third = _view(state)
+            try:
+                assert b"refs/hidden/secret" not in b"".join(advertisement_chunks(third, version))
+                assert third.config.identity == second.config.identity != first.config.identity
+            finally:
+                third.close()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_config_changed_lately_is_read_again_whatever_its_stat(
+        cfg_root: Path, tmp_path: Path) -> None:
+    """A config changed less than RACY_NS ago may change again within the same tick of
+    the file system's clock (on NFS a second), the same size: a stat would not show it,
+    so the next request reads it again. One older than that is not read again."""
+    root = tmp_path / "root"
+    shutil.copytree(cfg_root / "r.git", root / "r.git", symlinks=True)
+    _backdate(root, 3600)
+    config = root / "r.git" / "config"
+    state = ServerState.create(load_config({"root": str(root)}, env={}))
+
+    def reads() -> int:
+        ctx = _view(state)
+        try:
+            before = ctx.fs.counts["open"]
+            _ = ctx.config
+            return ctx.fs.counts["open"] - before
+        finally:
+            ctx.close()
+
+    config.write_text(BASE)  # now: racy
+    assert [reads() for _ in range(3)] == [1, 1, 1]
+    _backdate(config, 3600)  # its stat changes: read once more, then trusted
+    assert [reads() for _ in range(3)] == [1, 0, 0]
