@@ -146,8 +146,9 @@ class DirCache:
             fs.racy[path] = listing
         if self.enabled:
             # What a listing holds: the object, and per entry a tuple, a name and an inode,
-            # and what ``derived`` may keep for it (a ref name and a tuple).
-            self._dirs.put(path, listing, nbytes=400 + 300 * len(listing.entries))
+            # and what ``derived`` may keep for it (a ref name and a tuple, a slot of the
+            # entries by name).
+            self._dirs.put(path, listing, nbytes=400 + 350 * len(listing.entries))
         return listing
 
     def check_links(self, fs: FsOps, dirpath: str, listing: Listing,

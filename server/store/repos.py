@@ -64,7 +64,7 @@ class RepoConfig:
     # uploadpack.blobPackfileUri values, raw: "<object-hash> <pack-hash> <uri>", checked
     # only when a fetch uses them (pack-objects dies there, upload-pack only counts them)
     blob_packfile_uris: tuple[bytes, ...] = ()
-    # SHA-1 of the bytes of the config and its includes this was read from: what an
+    # SHA-256 of the bytes of the config and its includes this was read from: what an
     # answer kept across requests names as its config (core/answers.py). Not compared:
     # two reads of the same settings are the same config.
     identity: bytes = field(default=b"", compare=False)
@@ -229,9 +229,11 @@ class Repo:
             return cached.cfg, top
         main = os.path.join(self.gitdir, "config")
 
-        seen: dict[str, object] = {}
-
-        digest = hashlib.sha1()
+        seen: dict[str, tuple[int, int, int, int] | None] = {}
+        digest = hashlib.sha256()
+        # Before the first stat: what changed less than RACY_NS before this may change
+        # again unseen after it (taken after the reading, a stall in between would hide it).
+        now = time.time_ns()
 
         def read(path: str) -> bytes | None:
             if path != main and dirs.guard is not None:
@@ -240,18 +242,19 @@ class Repo:
             if path not in seen:
                 seen[path] = fs.version(path)
             data = fs.read_file_or_none(path)
-            digest.update(b"%d:%s|" % (len(path), path.encode("utf-8", "surrogateescape")))
+            name = path.encode("utf-8", "surrogateescape")
+            digest.update(b"%d:%s|" % (len(name), name))
             digest.update(b"-" if data is None else b"%d:%s|" % (len(data), data))
             return data
 
         entries, files = read_config(main, read, self.gitdir)
         signature = tuple(seen[path] for path in files)
         cfg = replace(repo_config(entries), identity=digest.digest())
-        # A file changed within the last RACY_NS may change again without its stat
-        # showing it (the same size, within the same tick of the clock): read again by
-        # every request until it is older, as a racy listing is listed again.
-        now = time.time_ns()
-        trusted = all(v is None or now - v[2] > RACY_NS for v in signature)
+        # A file changed (mtime or ctime: a rewrite may set its mtime back) within RACY_NS
+        # of this reading may change again without its stat showing it (the same size,
+        # within the same tick of the clock): read again by every request until it is
+        # older, as a racy listing is listed again.
+        trusted = all(v is None or now - max(v[2], v[3]) > RACY_NS for v in signature)
         self._config = _CachedConfig(tuple(files), signature, cfg, trusted)
         return cfg, top
 

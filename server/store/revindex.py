@@ -260,12 +260,13 @@ class ReverseIndex:
         where = facts_key(self, scope) if disk is not None and scope else None
         if disk is not None and where is not None:
             # Not counted as a closure or a layout loaded or missed (bitmapwalk.py touches
-            # it as used). A payload of another length (planted, or a bug) is removed and
-            # counted corrupt.
+            # it as used). A payload of another length or a count past the pack's (planted,
+            # or a bug) is removed and counted corrupt.
             data = disk.load(*where, count_miss=False, count_hit=False)
             if data is not None and len(data) == _FACTS.size:
                 ref, deltas = _FACTS.unpack(data)
-                return bool(ref), deltas
+                if deltas < self.count:  # every chain ends in a whole object of the pack
+                    return bool(ref), deltas
             if data is not None:
                 disk.refuse(where[0], where[1])
         ranks = np.frombuffer(self.base_ranks(), dtype=np.int32)

@@ -22,7 +22,7 @@ from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
 from gitspout.server.core.answers import advertisement_chunks
 from gitspout.server.core.context import RequestContext
-from gitutil import Git, LiveServer, git_env, start_server
+from gitutil import Git, LiveServer, git_env, poll, start_server
 from rawhttp import FLUSH, pkt_lines, post_upload_pack
 
 BASE = "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
@@ -272,9 +272,10 @@ def test_a_kept_advertisement_names_the_config_it_was_made_with(
 
 def test_a_config_changed_lately_is_read_again_whatever_its_stat(
         cfg_root: Path, tmp_path: Path) -> None:
-    """A config changed less than RACY_NS ago may change again within the same tick of
-    the file system's clock (on NFS a second), the same size: a stat would not show it,
-    so the next request reads it again. One older than that is not read again."""
+    """A config changed less than RACY_NS ago (mtime or ctime) may change again within the
+    same tick of the file system's clock (on NFS a second), the same size: a stat would
+    not show it, so the next request reads it again. One older than that is not read
+    again."""
     root = tmp_path / "root"
     shutil.copytree(cfg_root / "r.git", root / "r.git", symlinks=True)
     _backdate(root, 3600)
@@ -290,7 +291,13 @@ def test_a_config_changed_lately_is_read_again_whatever_its_stat(
         finally:
             ctx.close()
 
-    config.write_text(BASE)  # now: racy
+    config.write_text(BASE)
+    when = time.time() + 3600  # racy for an hour (a clock ahead, as an NFS server's may be)
+    os.utime(config, (when, when))
     assert [reads() for _ in range(3)] == [1, 1, 1]
-    _backdate(config, 3600)  # its stat changes: read once more, then trusted
-    assert [reads() for _ in range(3)] == [1, 0, 0]
+    # An mtime set back an hour: its ctime is now, and racy for RACY_NS (2 s). Read by
+    # every request until then, and by none after.
+    _backdate(config, 3600)
+    assert reads() == 1
+    poll(lambda: reads() == 0, timeout=30, what="the config trusted once its ctime is old")
+    assert [reads() for _ in range(3)] == [0, 0, 0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -658,6 +659,12 @@ def test_a_packs_delta_facts_are_kept_for_the_next_process(git: Git, tmp_path: P
     other.flush()
     fifth = PackFile(base, 20, ("fifth", base))
     assert fifth.delta_facts(other, "scope") == want and "base_ranks" not in fifth.extra
+    # The right length, but as many deltas as entries: no pack is all deltas.
+    other.save(*facts_key(first, "scope"), struct.pack("<?Q", False, first.count), count=False)
+    other.flush()
+    sixth = PackFile(base, 20, ("sixth", base))
+    assert sixth.delta_facts(other, "scope") == want and "base_ranks" in sixth.extra
+    assert other.stats.results["corrupt"] == 2
 
 
 def test_record_round_trip_and_damage() -> None:
