@@ -48,6 +48,7 @@ def served(git: Git, fixture_root: Path,
     server.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [2, 0])
 def test_ls_remote_of_thirty_thousand_loose_refs_equals_file(
         git: Git, served: tuple[LiveServer, Path], version: int) -> None:
