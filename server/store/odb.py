@@ -196,8 +196,8 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
         first, at most :data:`MAX_OBJECT_DIRS` directories in all. A file naming its own
         directory 12 times used to cost 12 + 12^2 + ... + 12^5 snapshots per request.
         ``seen``: the real paths of the object directories this request reads so far
-        (None at the top: its own, found here only when it has alternates, since a
-        ``realpath`` is an ``lstat`` of every component of the path, on every request)."""
+        (None at the top: its own, found here only when it has alternates, and kept with
+        them, since a ``realpath`` is an ``lstat`` of every component of the path)."""
         if depth >= _MAX_ALTERNATE_DEPTH:
             return []
         entry = self._info().get("alternates")
@@ -208,11 +208,11 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                               self._info_listing)
         if not data:
             return []
+        own, paths = self._alternate_paths(data)
         if seen is None:  # C git's alt_odb_usable skips its own directory, as one seen
-            self.fs.note("realpath")
-            seen = {os.path.realpath(self.objects_dir)}
+            seen = {own}
         alts = self.alternates  # filled in place: close() sees what failed half-way took
-        for line, path in self._alternate_paths(data):
+        for line, path in paths:
             if path in seen:
                 continue
             if len(seen) >= MAX_OBJECT_DIRS:
@@ -235,13 +235,15 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                         "ignoring %s and the entries after it", self.objects_dir,
                         MAX_OBJECT_DIRS, line)
 
-    def _alternate_paths(self, data: bytes) -> tuple[tuple[str, str], ...]:
-        """(line, real path) of each object directory ``data`` (the alternates file) names.
+    def _alternate_paths(self, data: bytes) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The real path of this objects directory, and (line, real path) of each object
+        directory ``data`` (the alternates file) names.
 
         Resolved once per file content and kept: a request then reads the alternate by its
         real path and follows no symlink to get there, so a link on the way that is later
         retargeted cannot lead it outside the root (it keeps reading the directory that was
-        checked, until the alternates file changes)."""
+        checked, until the alternates file changes). A fork sharing its objects with a
+        pool repository pays no ``lstat`` per component of the paths on every fetch."""
         key = (self.objects_dir, data)
         cache = self.registry.alternates
         hit = cache.get(key)
@@ -254,7 +256,8 @@ class ObjectSnapshot(LooseObjects, ObjectSizes):
                 continue
             self.fs.note("realpath")
             out.append((line, os.path.realpath(os.path.join(self.objects_dir, line))))
-        result = tuple(out)
+        self.fs.note("realpath")
+        result = (os.path.realpath(self.objects_dir), tuple(out))
         cache.put(key, result)
         return result
 

@@ -141,9 +141,9 @@ class PackRegistry:
         # (objects dir, fan-out name) -> (listing key, ids)
         self.fanout_ids = ByteLRU[tuple[object, frozenset[bytes]]](
             "loose_ids", LOOSE_IDS_BUDGET, parent=memory)
-        # (objects dir, alternates file content) -> ((line, real path), ...)
-        self.alternates = ByteLRU[tuple[tuple[str, str], ...]]("alternates", ALTERNATES_ENTRIES,
-                                                              unit="entries", parent=memory)
+        # (objects dir, alternates file content) -> (its real path, ((line, real path), ...))
+        self.alternates = ByteLRU[tuple[str, tuple[tuple[str, str], ...]]](
+            "alternates", ALTERNATES_ENTRIES, unit="entries", parent=memory)
         # pack key -> a closed PackFile nobody leases: its facts, checked once
         self.closed_packs = ByteLRU[PackFile]("pack_files", CLOSED_PACKS, unit="entries",
                                               entry_bytes=PACK_FILE_BYTES, parent=memory)

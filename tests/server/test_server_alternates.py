@@ -59,6 +59,21 @@ def test_duplicate_lines_cost_what_one_costs(alt_root: Path) -> None:
     assert costs["dups.git"] == costs["one.git"] == (2, 1, 1), costs
 
 
+def test_a_fork_takes_the_real_paths_once(alt_root: Path) -> None:
+    """The real paths of the alternates and of the fork's own directory (skipped as one
+    seen) are taken once per alternates file, not on every request: each is an lstat of
+    every component of the path, a round trip on NFS."""
+    registry, dirs = PackRegistry(), DirCache()
+    taken = []
+    for _ in range(3):
+        fs = FsOps()
+        with ObjectSnapshot(str(alt_root / "dups.git" / "objects"), 20, registry, fs,
+                            dirs=dirs) as snap:
+            assert _snapshots(snap) == 2
+        taken.append(fs.counts["realpath"])
+    assert taken == [7, 0, 0]  # six lines and its own directory, then none
+
+
 def test_object_directories_are_capped_with_one_line(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     repo = tmp_path / "r.git"
