@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, RepoState, fsck, repo_state, start_server
+from gitspout.server.store.fscache import RACY_NS
+from gitutil import Committer, Git, LiveServer, RepoState, fsck, poll, repo_state, start_server
 from latencyfs import op_total
 from mount import LatencyMount
 from repos_fixture import build_fixture_root
@@ -252,6 +253,11 @@ def test_repeated_unchanged_requests_fuse_budget(nfs: NfsServed,
     # of directories changed within the last seconds are not trusted by the
     # server's caches, as git does for racily clean index entries.)
     backdate(nfs.src, time.time() - 3600)
+    # Setting an mtime back makes the ctime now: the config stays racy (read by every
+    # request, store/repos.py) until its ctime is RACY_NS old, as an untouched one is.
+    changed = (nfs.src / "basic.git" / "config").stat().st_ctime_ns
+    poll(lambda: time.time_ns() - changed > RACY_NS + 100_000_000, timeout=30,
+         what="the backdated config's ctime older than RACY_NS")
     measured: dict[str, tuple[float, float]] = {}
     kinds: dict[str, str] = {}
     for kind in BUDGETS:
