@@ -254,9 +254,12 @@ def fetch_once(port: int, path: str, body: bytes) -> int:
     return n
 
 
-def get_once(port: int, path: str) -> int:
+def get_once(port: int, path: str, headers: str = "") -> int:
+    """One GET on a new connection, read whole; ``headers``: extra lines, each ending in
+    CRLF."""
     with socket.create_connection((LOOPBACK, port), timeout=60) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
+                     .encode())
         return read_to_close(sock)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.hits import _git, clone_args, fetch_once, get_once, read_to_close  # noqa: E402
+from bench.hits import _git, clone_args, fetch_once, get_once  # noqa: E402
 from bench.process import (  # noqa: E402
     LOOPBACK,
     ServerProcess,
@@ -44,14 +43,6 @@ REPO_TOP = Path(__file__).resolve().parent.parent
 DEFAULT_REPO = REPO_TOP / "bench" / "work" / "real" / "dulwich-gc.git"
 RACY_WAIT = 2.5  # seconds: past the server's RACY_NS (2 s) for the fresh copy's ctimes
 WARM = 30  # requests of a kind before it is measured
-
-
-def get_v2(port: int) -> int:
-    """``GET info/refs`` as a v2 client sends it, on a new connection."""
-    with socket.create_connection((LOOPBACK, port), timeout=60) as sock:
-        sock.sendall(b"GET /repo.git/info/refs?service=git-upload-pack HTTP/1.1\r\nHost: x\r\n"
-                     b"Git-Protocol: version=2\r\nConnection: close\r\n\r\n")
-        return read_to_close(sock)
 
 
 def measure_tree(tree: Path, repo: Path, requests: int) -> dict[str, float]:
@@ -82,7 +73,8 @@ def measure_tree(tree: Path, repo: Path, requests: int) -> dict[str, float]:
         time.sleep(RACY_WAIT)  # not a synchronisation: the copy's ctimes must age
         kinds: dict[str, Callable[[], int]] = {
             "healthz": lambda: get_once(port, "/healthz"),
-            "info/refs v2": lambda: get_v2(port),
+            "info/refs v2": lambda: get_once(port, "/repo.git/info/refs?service=git-upload-pack",
+                                         "Git-Protocol: version=2\r\n"),
             "ls-refs": lambda: fetch_once(port, "/repo.git/git-upload-pack", ls_refs),
             "cache hit": lambda: fetch_once(port, "/repo.git/git-upload-pack", fetch),
         }

@@ -15,7 +15,6 @@ these paths fails here (and a change that removes some should lower them).
 from __future__ import annotations
 
 import http.client
-import os
 import shutil
 import subprocess
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from gitspout.server.store.fscache import RACY_NS
-from gitutil import Committer, Git, LiveServer, RepoState, fsck, poll, repo_state, start_server
+from gitutil import Committer, Git, LiveServer, RepoState, backdate, fsck, poll, repo_state, start_server
 from latencyfs import op_total
 from mount import LatencyMount
 from repos_fixture import build_fixture_root
@@ -234,14 +233,6 @@ def test_fetch_after_push_gc_and_pack_refs_on_the_mount(
 
 # --------------------------------------------------------------------------
 # budgets
-
-
-def backdate(root: Path, when: float) -> None:
-    """Set the mtime of *root* and of everything below it to *when*."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
-    os.utime(root, (when, when))
 
 
 def test_repeated_unchanged_requests_fuse_budget(nfs: NfsServed,

@@ -22,7 +22,7 @@ from gitspout.server.app.metrics import RequestRecord
 from gitspout.server.app.state import ServerState
 from gitspout.server.core.answers import advertisement_chunks
 from gitspout.server.core.context import RequestContext
-from gitutil import Git, LiveServer, git_env, poll, start_server
+from gitutil import Git, LiveServer, backdate, git_env, poll, start_server
 from rawhttp import FLUSH, pkt_lines, post_upload_pack
 
 BASE = "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
@@ -221,16 +221,6 @@ def test_include_outside_the_root_is_refused(git: Git, cfg_root: Path,
         srv.stop()
 
 
-def _backdate(top: Path, seconds: float) -> None:
-    """Every file and directory under ``top`` last changed ``seconds`` ago: listings and
-    configs old enough to be trusted by their stat."""
-    when = time.time() - seconds
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in [*dirnames, *filenames]:
-            os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
-    os.utime(top, (when, when))
-
-
 def _view(state: ServerState) -> RequestContext:
     return state.view(state.scope(RequestRecord()), state.resolver.resolve("r.git"))
 
@@ -246,13 +236,13 @@ def test_a_kept_advertisement_names_the_config_it_was_made_with(
     shutil.copytree(cfg_root / "r.git", root / "r.git", symlinks=True)
     repo = root / "r.git"
     (repo / "config").write_text(BASE)
-    _backdate(root, 3600)
+    backdate(root, time.time() - 3600)
     state = ServerState.create(load_config({"root": str(root)}, env={}))
     first = _view(state)
     assert not first.config.hide_refs  # this request reads the config before the edit
     with open(repo / "config", "a") as fh:
         fh.write("[uploadpack]\n\thideRefs = refs/hidden\n")
-    _backdate(repo / "config", 3600)
+    backdate(repo / "config", time.time() - 3600)
     second = _view(state)
     assert second.config.hide_refs  # another reads it after
     try:
@@ -278,7 +268,7 @@ def test_a_config_changed_lately_is_read_again_whatever_its_stat(
     again."""
     root = tmp_path / "root"
     shutil.copytree(cfg_root / "r.git", root / "r.git", symlinks=True)
-    _backdate(root, 3600)
+    backdate(root, time.time() - 3600)
     config = root / "r.git" / "config"
     state = ServerState.create(load_config({"root": str(root)}, env={}))
 
@@ -297,7 +287,7 @@ def test_a_config_changed_lately_is_read_again_whatever_its_stat(
     assert [reads() for _ in range(3)] == [1, 1, 1]
     # An mtime set back an hour: its ctime is now, and racy for RACY_NS (2 s). Read by
     # every request until then, and by none after.
-    _backdate(config, 3600)
+    backdate(config, time.time() - 3600)
     assert reads() == 1
     poll(lambda: reads() == 0, timeout=30, what="the config trusted once its ctime is old")
     assert [reads() for _ in range(3)] == [0, 0, 0]
