@@ -459,22 +459,23 @@ class CommitSource:
                 out.append(oid)
                 if limit is not None and len(out) > limit:
                     raise WalkTooLong(limit)
-            elif live == 0 and last_time is not None:
+            if oid not in cut:
+                for parent in info.parents:
+                    old = flags.get(parent)
+                    if old is None:
+                        flags[parent] = bad
+                        push(parent)
+                        if not bad:
+                            live += 1
+                    elif bad and not old:
+                        live -= spread_bad(parent)
+            if bad and live == 0 and last_time is not None:
                 # Only uninteresting commits are left: as revision.c limit_list
                 # (still_interesting), walk on while they are as new as the last
                 # interesting one, then _SLOP more, so that one of them dated wrong
-                # (clock skew) still reaches the commits walked as interesting.
+                # (clock skew) still reaches the commits walked as interesting. Its
+                # parents are queued first, as limit_list's process_parents: a have dated
+                # older than its parents must not end the walk before they are seen.
                 slop = _SLOP if heap and -heap[0][0] >= last_time else slop - 1
-            if oid in cut:
-                continue
-            for parent in info.parents:
-                old = flags.get(parent)
-                if old is None:
-                    flags[parent] = bad
-                    push(parent)
-                    if not bad:
-                        live += 1
-                elif bad and not old:
-                    live -= spread_bad(parent)
         bad_set = {oid for oid, v in flags.items() if v}
         return [c for c in out if c not in bad_set], bad_set

@@ -22,7 +22,7 @@ from gitspout.protocol.filters import (
 from ..store.lru import ByteLRU
 from ..store.objformat import OBJ_BLOB, OBJ_COMMIT, OBJ_TAG, OBJ_TREE, TYPE_NAMES
 from .closures import iter_closure
-from .commits import CommitSource
+from .commits import CommitSource, tree_entries
 from .treewalk import TreeDiffWalk
 
 __all__ = ["enumerate_objects", "Enumeration", "ObjectEntry", "ObjectSet", "include_tags"]
@@ -190,7 +190,9 @@ def enumerate_objects(
     reverted to an older version) may then be sent although the client has it. The other
     boundary commits (a merge's parents the client has) are marked in full, so that the
     changes a merge brings in from them are not sent; the client's other haves by their
-    root trees.
+    root trees. A commit walked against no parent (a root: an orphan branch, an imported
+    history) is compared path by path with the client's trees at the edges, as
+    pack-objects' sparse walk compares every tree it sends with them.
     """
     want_commits, direct = _split_wants(src, wants)
     have_commits, have_direct = _split_wants(src, haves)
@@ -246,6 +248,10 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
     # them among its preferred bases). Against its own parent, they got older versions
     # that git packs store as deltas of these very files: a cycle, so they went whole.
     under_had = {p: c for c in had for p in src.commit(c).parents} if cut else {}
+    # The client's trees at the walk's edges (its commits that are parents of commits
+    # sent), for the commits walked against none of them (below).
+    edge_trees = [] if cut else list(dict.fromkeys(
+        src.commit(p).tree for c in commits for p in src.commit(c).parents if p in bad))
     for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)
         base = None
@@ -268,6 +274,14 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
         if parent is not None and (parent in bad or (c not in cut and parent in done)):
             base = src.commit(parent).tree
         walker.base_is_had = base is not None and parent in bad
+        if base is None and edge_trees:
+            # Not walked against its parent: a root (an orphan branch, an imported
+            # history), or a commit whose parent is not walked yet. What it holds at a
+            # path where the client's edge trees hold the same object is had, as
+            # pack-objects' sparse walk finds by path across every edge
+            # (revision.c mark_trees_uninteresting_sparse). A commit walked against its
+            # parent needs none: what it shares with the parent is listed or had already.
+            _mark_same_paths(src, info.tree, edge_trees[:MAX_PATH_PAIRS], walker.have)
         if base is None and last is None and under_had:
             # The first commit of a deepen's walk: against a tree the client has whole, so
             # that what it sends gets the client's versions as delta bases, not none.
@@ -282,6 +296,39 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
         walker.walk(info.tree, base)
         last = info.tree
         done.add(c)
+
+
+# Edge trees a commit walked without a had base is compared with, path by path: a fetch
+# of an orphan branch has one or a few; a fetch of many merged branches may have hundreds.
+MAX_PATH_PAIRS = 16
+
+
+def _mark_same_paths(src: CommitSource, tree: bytes, had_trees: Sequence[bytes],
+                     have: set[bytes]) -> None:
+    """Add to ``have`` what ``tree`` holds at a path where one of ``had_trees`` (trees the
+    client has whole) holds the same object, descending into the subtrees at a path that
+    both hold and that differ. Reads only trees of paths both sides share."""
+    hash_len = src.odb.hash_len
+    stack = [(tree, h) for h in had_trees]
+    paired: set[tuple[bytes, bytes]] = set()
+    while stack:
+        mine, theirs = stack.pop()
+        if mine == theirs:
+            have.add(mine)
+            continue
+        if mine in have or (mine, theirs) in paired:
+            continue
+        paired.add((mine, theirs))
+        held = {name: (is_tree, oid)
+                for name, is_tree, oid in tree_entries(src.tree_data(theirs), hash_len)}
+        for name, is_tree, oid in tree_entries(src.tree_data(mine), hash_len):
+            other = held.get(name)
+            if other is None:
+                continue
+            if other[1] == oid:
+                have.add(oid)
+            elif is_tree and other[0]:
+                stack.append((oid, other[1]))
 
 
 def _walk_tree_keep_root(walker: _TreeWalk, root: bytes) -> None:
