@@ -306,3 +306,14 @@ def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.1) -> 
         return bool(poll(check, timeout, "a condition", step))
     except AssertionError:
         return False
+
+
+def objects_received(git: Git, args: Sequence[str], cwd: Path, trace: Path) -> int:
+    """Run ``git *args`` (a fetch) in ``cwd`` and return how many objects the pack it
+    received holds, from its header (``GIT_TRACE_PACKFILE`` copies the pack to ``trace``).
+    ``count-objects`` cannot tell: objects the client had already are dropped when a small
+    pack is unpacked, and a thin pack kept is completed with bases it did not receive."""
+    git.run(*args, cwd=cwd, env={"GIT_TRACE_PACKFILE": str(trace)})
+    head = trace.read_bytes()[:12]
+    assert head[:4] == b"PACK", f"no pack received: {head!r}"
+    return int.from_bytes(head[8:12], "big")
