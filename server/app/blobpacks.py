@@ -13,6 +13,11 @@ share it (the repository directory is never written), keyed by content:
   was told to download it;
 - ``write.lock``: one writer at a time across processes (``flock``); writes are rare.
 
+The data copied is inflated and hashed on the way (:class:`_BlobCheck`): a damaged copy
+is refused (the fetch fails with the repository's storage fault, as C git's would), never
+kept, since the pack would outlive the repository's repair and serve other repositories
+holding the same blob.
+
 Served at ``<repo>/gitspout-blobpack/BLOB-SUM.pack`` with ``Range`` and ``sendfile``
 (filesend.py), only to a request whose visible refs reach the blob (I7, decided by
 core/blobaccess.py): 404 otherwise, for a name that is not one, and for a pack this
@@ -28,6 +33,7 @@ import os
 import re
 import tempfile
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -125,6 +131,7 @@ class BlobPackStore:
         start = pack.read_header(blob.offset).data_offset
         head = b"PACK" + (2).to_bytes(4, "big") + (1).to_bytes(4, "big") + _entry_header(blob.size)
         digest = hashlib.sha1(head)
+        check = _BlobCheck(blob)
         tmp = os.path.join(self.dir, f"{hexid}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as fh:
@@ -134,9 +141,13 @@ class BlobPackStore:
                     data = pack.read_raw(at, min(blob.end, at + COPY))
                     if not data:
                         raise pack.corrupt(f"truncated entry at {blob.offset}")
+                    check.feed(data)
                     digest.update(data)
                     fh.write(data)
                     at += len(data)
+                fault = check.fault()
+                if fault is not None:
+                    raise pack.corrupt(f"blob {hexid} at {blob.offset}: {fault}")
                 checksum = digest.digest()
                 fh.write(checksum)
             name = f"{hexid}-{checksum.hex()}.pack"
@@ -203,6 +214,44 @@ class BlobPackStore:
 def blob_base(cfg: Config) -> str:
     """Where blob-pack directories are made: beside the bundles'."""
     return os.path.join(cfg.bundle_dir or tempfile.gettempdir(), "gitspout-blobpacks")
+
+
+class _BlobCheck:
+    """Inflates a blob's stored data as it is copied and hashes what comes out: the pack
+    is kept, and shared by every repository holding the blob, under the blob's id, so a
+    damaged copy would outlive the repository's repair (C git's pack-objects checks the
+    CRC of what it reuses; this checks the object itself)."""
+
+    def __init__(self, blob: LargeBlob) -> None:
+        self.blob = blob
+        self.inflater = zlib.decompressobj()
+        self.hash = hashlib.new("sha1" if len(blob.oid) == 20 else "sha256",
+                                b"blob %d\0" % blob.size)
+        self.size = 0
+        self.error: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        try:
+            out = self.inflater.decompress(data)
+        except zlib.error as exc:
+            self.error = f"does not inflate ({exc})"
+            return
+        self.size += len(out)
+        self.hash.update(out)
+
+    def fault(self) -> str | None:
+        """What is wrong with the data fed, or None."""
+        if self.error is not None:
+            return self.error
+        if not self.inflater.eof:
+            return "compressed data ends early"
+        if self.size != self.blob.size:
+            return f"inflates to {self.size} bytes, not {self.blob.size}"
+        if self.hash.digest() != self.blob.oid:
+            return "its content does not hash to its id"
+        return None
 
 
 def _entry_header(size: int) -> bytes:

@@ -318,3 +318,58 @@ def test_fetch_never_waits_for_another_blob_pack(git: Git, tmp_path: Path,
         assert {m.group(3) for m in _uris(srv, [tagged])[0]} == bu_root["large"]
     finally:
         srv.stop()
+
+
+def test_a_damaged_blob_is_never_kept_for_other_repositories(
+        git: Git, tmp_path: Path, bu_root: dict[str, object]) -> None:
+    """A blob pack is keyed by the blob's id and shared by every repository holding the
+    blob: one copied from a damaged pack outlived the damaged repository's repair, and
+    failed every packfile-URI clone of a healthy repository holding the same blob, until a
+    restart. The data copied is now inflated and hashed: the damaged repository's clone
+    fails (as over file://), the healthy one's is whole, before and after the repair."""
+    repo = bu_root["repo"]
+    assert isinstance(repo, Path)
+    root = tmp_path / "root"
+    root.mkdir()
+    healthy = root / "healthy.git"
+    damaged = root / "damaged.git"
+    for dest in (healthy, damaged):
+        git.run("clone", "-q", "--bare", "--mirror", "--no-local", f"file://{repo}", str(dest))
+        git.run("repack", "-q", "-adb", cwd=dest)
+    blob = git.out("rev-parse", "main:b.bin", cwd=damaged).strip()
+    (idx,) = (damaged / "objects" / "pack").glob("*.idx")
+    offsets = {line.split()[1]: int(line.split()[0])
+               for line in git.out("show-index", input=idx.read_bytes()).splitlines()}
+    pack = idx.with_suffix(".pack")
+    data = bytearray(pack.read_bytes())
+    data[offsets[blob] + 5000] ^= 0xFF  # inside the blob's compressed data
+    os.chmod(pack, 0o644)
+    pack.write_bytes(bytes(data))
+    srv = start_server(root, extra_args=[
+        "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(tmp_path / "bp")])
+
+    def clone(name: str, dest: Path) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["git", "-c", "protocol.version=2", "-c", "fetch.uriprotocols=http",
+                               "clone", "-q", "--bare", f"{srv.url}/{name}", str(dest)],
+                              env=git_env(git.home), capture_output=True, timeout=120)
+
+    try:
+        assert clone("damaged.git", tmp_path / "d1").returncode != 0
+        assert git.run("clone", "-q", "--bare", "--no-local", f"file://{damaged}",
+                       str(tmp_path / "f1"), check=False).returncode != 0
+        for n in (1, 2):
+            ok = clone("healthy.git", tmp_path / f"h{n}")
+            assert ok.returncode == 0, ok.stderr.decode(errors="replace")
+            fsck(git, tmp_path / f"h{n}")
+        # The damaged repository repaired from the healthy one: its clones are whole too.
+        pack.unlink()
+        idx.unlink()
+        for f in (damaged / "objects" / "pack").iterdir():
+            f.unlink()
+        for f in (healthy / "objects" / "pack").iterdir():
+            (damaged / "objects" / "pack" / f.name).write_bytes(f.read_bytes())
+        ok = clone("damaged.git", tmp_path / "d2")
+        assert ok.returncode == 0, ok.stderr.decode(errors="replace")
+        fsck(git, tmp_path / "d2")
+    finally:
+        srv.stop()
