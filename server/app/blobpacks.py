@@ -20,8 +20,9 @@ holding the same blob.
 
 Served at ``<repo>/gitspout-blobpack/BLOB-SUM.pack`` with ``Range`` and ``sendfile``
 (filesend.py), only to a request whose visible refs reach the blob (I7, decided by
-core/blobaccess.py): 404 otherwise, for a name that is not one, and for a pack this
-server does not hold.
+core/blobaccess.py): 404 otherwise, and for a name that is not one. A pack this process
+does not hold (another replica listed it, or this one before a restart) is written on
+request from the repository, and served if it is the one named: 404 if not.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..core.bigblobs import BlobUriPolicy, LargeBlob
+from ..core.bigblobs import BlobUriPolicy, LargeBlob, large_blobs
 from ..core.blobaccess import may_have_blob
 from ..core.context import RequestContext
 from .bundles import OffloadMetrics
@@ -199,9 +200,24 @@ class BlobPackStore:
         if m is None:
             return None
         path = os.path.join(self.dir, name)
-        if not os.path.exists(path) or not may_have_blob(ctx, bytes.fromhex(m.group(1))):
+        oid = bytes.fromhex(m.group(1))
+        if not may_have_blob(ctx, oid):
+            return None
+        if not os.path.exists(path) and not self._write_named(ctx, oid, m.group(2)):
             return None
         return path
+
+    def _write_named(self, ctx: RequestContext, oid: bytes, checksum: str) -> bool:
+        """A pack this process does not hold: another replica listed it (a fleet without
+        affinity for these URLs), or this one before a restart. It is written now from
+        the repository, as the lister wrote it: True when that gives the named pack (the
+        blob is stored as the lister saw it)."""
+        if ctx.object_format != "sha1":
+            return False
+        policy = BlobUriPolicy(self.cfg.blob_uri_threshold, self.cfg.blob_uri_size, b"",
+                               lambda _blob: None)
+        blob = large_blobs(ctx.objects().packs(), policy).get(oid)
+        return blob is not None and self.keep(blob) == checksum
 
     def close(self) -> None:
         """Remove every file of a directory of this process's own."""

@@ -27,6 +27,8 @@ __all__ = ["Forwarding", "new_request_id", "REQUEST_ID_HEADER"]
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
+# A host name or address with an optional port (RFC 9110 7.2 Host), nothing else
+_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,253})|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?")
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -83,6 +85,22 @@ class Forwarding:
             if not self.trusts(addr):
                 break
         return str(addr)
+
+    def base_url(self, peer: str | None, scheme: str, host: str, proto: str | None,
+                 forwarded_host: str | None) -> str:
+        """Scheme and host as the client addressed us, for the URLs we hand out (bundles,
+        blob packs): the request's own, or, from a trusted proxy, its
+        ``X-Forwarded-Proto`` (``http`` or ``https``) and ``X-Forwarded-Host``, the first
+        of a list (the client-facing proxy's). A TLS proxy otherwise got ``http://`` URLs
+        to its TLS port."""
+        if (proto or forwarded_host) and self.trusts(_address(peer) if peer else None):
+            first = (proto or "").split(",")[0].strip().lower()
+            if first in ("http", "https"):
+                scheme = first
+            named = (forwarded_host or "").split(",")[0].strip()
+            if _HOST.fullmatch(named):
+                host = named
+        return f"{scheme}://{host}"
 
     def request_id(self, peer: str | None, header: str | None) -> str:
         """The request's id: the trusted peer's ``X-Request-Id`` when it is a safe one, else

@@ -268,7 +268,7 @@ async def _info_refs(state: ServerState, request: web.Request, scope: RequestSco
         return text_response(403, "gitspout serves only the smart HTTP protocol "
                              "(service=git-upload-pack)")
     rec.service = UPLOAD_PACK
-    state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
+    state.view(scope, await state.resolve(repo_path), namespace, _base_url(state, request))
     version = protocol_version(request)
     rec.protocol = str(version)
     check = _service_check(state, scope)
@@ -288,7 +288,7 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    state.view(scope, await state.resolve(repo_path), namespace, _base_url(request))
+    state.view(scope, await state.resolve(repo_path), namespace, _base_url(state, request))
     check: Callable[[], None] | None = _service_check(state, scope)
     if not body_arrived(request):  # refused before its body is waited for
         await scope.run(_service_check(state, scope))
@@ -306,9 +306,13 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
             charge.release()
 
 
-def _base_url(request: web.Request) -> str:
-    """Scheme and host as the client addressed us: where our bundle URLs point."""
-    return f"{request.scheme}://{request.host}"
+def _base_url(state: ServerState, request: web.Request) -> str:
+    """Scheme and host as the client addressed us (through a trusted proxy: as it says,
+    forwarded.py): where our bundle and blob-pack URLs point."""
+    headers = request.headers
+    return state.forwarding.base_url(request.remote, request.scheme, request.host,
+                                     headers.get("X-Forwarded-Proto"),
+                                     headers.get("X-Forwarded-Host"))
 
 
 async def _authorize(state: ServerState, request: web.Request, scope: RequestScope,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -136,10 +137,13 @@ class ServerState:
         """The request's view of ``repo`` (under ``namespace``), attached to its scope;
         ``base_url`` (scheme and host the client used) for the bundles it may be offered."""
         ctx = self.detached_view(repo, namespace)
+        # The repository's path as a URL path: percent-encoded (a space, '#', '?' or '%'
+        # in a name made URLs that failed, or named another repository).
+        url_path = urllib.parse.quote(repo.url_path, safe="/")
         if self.bundles is not None and not namespace and base_url:
-            ctx.bundle_offer = self.bundles.offer(base_url, repo.url_path)
+            ctx.bundle_offer = self.bundles.offer(base_url, url_path)
         if self.blob_packs is not None and not namespace and base_url:
-            ctx.blob_uris = self.blob_packs.policy(base_url, repo.url_path)
+            ctx.blob_uris = self.blob_packs.policy(base_url, url_path)
         return scope.attach(ctx)
 
     def detached_view(self, repo: Repo, namespace: bytes = b"") -> RequestContext:
