@@ -7,9 +7,13 @@ directory under ``--bundle-size``, served at a stable URL with ``Range`` and ``s
 ``transfer.bundleURI`` downloads it and fetches only what is newer.
 
 A bundle is offered, and served, only to a request whose visible refs reach every tip in
-it (``core/bundlerefs.py``): never under a namespace, never once a ref it holds is hidden.
-Once refs have moved by ``--bundle-refresh-refs`` it is stale: no longer offered, and the
-next full clone writes its successor (the next creation token). Whether a bundle is stale
+it (``core/bundlerefs.py``): never under a namespace, never once a ref it holds is hidden
+(whatever its tip). Once refs have moved by ``--bundle-refresh-refs``, or by a quarter of
+the refs it holds if that is fewer, it is stale: no longer offered. A bundle that is stale,
+or that a full clone's view may not be offered (a ref it holds hidden, deleted or
+force-pushed away, the repository made anew at its path), is replaced as a missing one
+would be: the next ``--bundle-after`` full clones write its successor (the next creation
+token), from the visible refs then. Whether a bundle is stale
 and may be offered is decided once per ref state and kept (``_verdict``), under a digest of
 the state (core/refdigest.py) and a weak reference to the bundle: a verdict kept for a
 repository never keeps its refs (100k refs: megabytes) or an old bundle's alive.
@@ -32,7 +36,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from ..core.bundlerefs import bundle_order, bundle_refs, may_offer, refs_moved
+from ..core.bundlerefs import bundle_order, bundle_refs, may_offer, refs_moved, stale_after
 from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.refdigest import ref_state_digest
@@ -150,7 +154,8 @@ class BundleStore:
             hit = self._verdicts.get(tag)
         if hit is not None and hit[0] == key and hit[1]() is bundle:
             return hit[2], hit[3]
-        stale = refs_moved(bundle.refs, bundle_refs(ctx)) >= self.cfg.bundle_refresh_refs
+        moved = refs_moved(bundle.refs, bundle_refs(ctx))
+        stale = moved >= stale_after(self.cfg.bundle_refresh_refs, len(bundle.refs))
         offer = not stale and may_offer(ctx, bundle.refs)
         with self._lock:
             if len(self._verdicts) >= REPOS_SWEEP:
@@ -171,8 +176,11 @@ class BundleStore:
         The bundle written, if this call wrote one."""
         tag = self.files.tag(ctx.repo.gitdir)
         bundle = self.files.current(tag)
-        if bundle is not None and not self._verdict(tag, ctx, bundle)[0]:
-            return None  # a fresh one: nothing to count
+        if bundle is not None and self._verdict(tag, ctx, bundle)[1]:
+            return None  # a fresh one that may be offered: nothing to count
+        # None, stale, or one that can no longer be offered (a ref it holds hidden, or a
+        # tip no visible ref reaches): replaced as a missing one would be. ``ctx`` is a
+        # full clone's view (never a namespace's), so its successor may be offered to it.
         if self.files.count_clone(tag, self.cfg.bundle_after,
                                   self.cfg.bundle_window) < self.cfg.bundle_after:
             return None
@@ -187,7 +195,7 @@ class BundleStore:
             return None  # another worker (or thread) writes it
         try:
             old = self.files.current(tag)
-            if old is not None and not self._verdict(tag, ctx, old)[0]:
+            if old is not None and self._verdict(tag, ctx, old)[1]:
                 return None  # written by another while this one waited
             bundle = self._write(ctx, tag, old.token + 1 if old is not None else 1)
             if bundle is None:

@@ -259,7 +259,9 @@ class Config:
     bundle_refresh_refs: int = field(
         default=16,
         metadata={"help": "refs added, removed or moved since a bundle was written that "
-                          "make it stale: no longer offered, written anew at the next clone",
+                          "make it stale: no longer offered, written anew by the next "
+                          "--bundle-after full clones (a bundle of fewer than four times "
+                          "this many refs: a quarter of its refs, rounded up)",
                   "group": "offload"},
     )
     bundle_base_url: str = field(

@@ -1,17 +1,21 @@
 """What gitspout's own bundles may hold and whom they may be offered to (ARCHITECTURE.md
 I7): a bundle holds the visible branches and tags at the time it was written; a client is
-offered one only if every tip in it is reachable from a ref that client sees now, so a
-bundle never hands out what only a hidden ref (or another namespace) reaches."""
+offered one only if no ref it names is hidden now and every tip in it is reachable from a
+ref that client sees now, so a bundle never hands out what only a hidden ref (or another
+namespace) reaches, nor the name of a ref hidden since (a client stores every ref of a
+bundle it downloads, as ``refs/bundles/*``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gitspout.protocol.refs import ref_is_hidden
+
 from ..graph.reachability import check_wants
 from ..packgen import PackOrder
 from .context import RequestContext
 
-__all__ = ["bundle_refs", "bundle_order", "may_offer", "refs_moved"]
+__all__ = ["bundle_refs", "bundle_order", "may_offer", "refs_moved", "stale_after"]
 
 BUNDLED_PREFIXES = (b"refs/heads/", b"refs/tags/")  # what a default clone fetches
 
@@ -29,9 +33,15 @@ def bundle_order(refs: Sequence[tuple[bytes, bytes]]) -> PackOrder:
 
 
 def may_offer(ctx: RequestContext, refs: Sequence[tuple[bytes, bytes]]) -> bool:
-    """Every tip of the bundle is reachable from this client's visible refs (blocking).
-    Under a namespace never: the bundle was written from the whole repository."""
+    """No ref of the bundle is hidden from this client and every tip of the bundle is
+    reachable from its visible refs (blocking). A hidden name withdraws the bundle
+    whatever its tip: even one that a visible ref reaches would be stored by the client
+    under its name. Under a namespace never: the bundle was written from the whole
+    repository."""
     if ctx.namespace or not refs:
+        return False
+    hide = list(ctx.hide_refs)
+    if hide and any(ref_is_hidden(name, hide) for name, _ in refs):
         return False
     wants = [bytes.fromhex(o.decode()) for _, o in refs]
     tips = ctx.tips()
@@ -44,3 +54,11 @@ def refs_moved(old: Sequence[tuple[bytes, bytes]], new: Sequence[tuple[bytes, by
     """How many refs were added, removed or moved between two lists."""
     a, b = dict(old), dict(new)
     return sum(1 for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+
+
+def stale_after(refresh_refs: int, held: int) -> int:
+    """How many moved refs make a bundle of ``held`` refs stale: ``--bundle-refresh-refs``,
+    or a quarter of the refs it holds (rounded up, at least one) when that is fewer, so a
+    repository of a few branches, which may never have 16 refs to move, still gets a
+    newer bundle once a good part of its refs moved."""
+    return max(1, min(refresh_refs, (held + 3) // 4))

@@ -5,9 +5,10 @@
   ``creationToken``) and serves it: ``git clone --bundle-uri`` (the CI git) and
   ``transfer.bundleURI`` (git >= 2.41) clone with it, fsck, refs as over file://;
 * ``Range`` resumes a download (curl ``-C``);
-* a hidden ref is never in the bundle, and once a ref in it is hidden the bundle is
-  neither offered nor served; refs moved past ``--bundle-refresh-refs`` make it stale and
-  the next clone writes its successor.
+* a hidden ref is never in the bundle, and once a ref in it is hidden (whatever its tip)
+  the bundle is neither offered nor served; refs moved past ``--bundle-refresh-refs``, or
+  past a quarter of the refs it holds, make it stale; a stale bundle, or one that can no
+  longer be offered, is replaced by the next clone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import gc
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -376,3 +378,183 @@ def test_a_bundle_reader_that_stops_is_cut(git: Git, tmp_path: Path) -> None:
                  "the request ended")
     finally:
         srv.stop()
+
+
+# -- a bundle that can no longer be offered, few refs, a ref hidden later ---------------
+
+
+@pytest.fixture(scope="module")
+def d_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty root: each test below makes its repositories in it, as an operator would."""
+    return tmp_path_factory.mktemp("droot")
+
+
+@pytest.fixture(scope="module")
+def d_server(d_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """--bundle-after 1 with the default --bundle-refresh-refs (16)."""
+    srv = start_server(d_root, extra_args=[
+        "--bundles", "--bundle-after", "1",
+        "--bundle-dir", str(tmp_path_factory.mktemp("dbundles"))])
+    yield srv
+    srv.stop()
+
+
+def _token(listed: dict[str, str]) -> str:
+    (token,) = [v for k, v in listed.items() if k.endswith(".creationtoken")]
+    return token
+
+
+def _next_bundle(git: Git, srv: LiveServer, repo: str, dest: Path, token: str) -> dict[str, str]:
+    """A full clone, then the list once it offers the bundle of creation token ``token``."""
+    _clone(git, f"{srv.url}/{repo}", dest)
+    return poll(lambda: (listed := _bundle_list(srv, repo)) and _token(listed) == token
+                and listed, 20, f"bundle {token} of {repo} offered")
+
+
+def _heads(git: Git, srv: LiveServer, listed: dict[str, str], dest: Path) -> list[str]:
+    """The ref names in the offered bundle, downloaded."""
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    subprocess.run(["curl", "-sf", "-o", str(dest), uri], check=True, timeout=60)
+    out = git.out("bundle", "list-heads", str(dest))
+    return sorted(line.split()[1] for line in out.splitlines())
+
+
+def _path(srv: LiveServer, listed: dict[str, str]) -> str:
+    uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+    return uri.split(str(srv.port), 1)[1]
+
+
+def test_a_bundle_that_can_no_longer_be_offered_is_rewritten(
+        git: Git, tmp_path: Path, d_root: Path, d_server: LiveServer) -> None:
+    """A bundle one of whose tips no visible ref reaches any more (its branch deleted, or
+    force-pushed away; the repository made anew at its path) is withdrawn, and the next
+    full clone writes its successor, as for a missing one. It holds 43 refs, so one moved
+    ref leaves it short of stale (11): before, such a bundle stayed withdrawn and was never
+    rewritten, however many clones followed."""
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
+    for i in range(40):
+        git.run("tag", f"t{i:02}", "HEAD~1", cwd=work)
+    for branch in ("feature", "topic"):  # each a commit no other ref reaches
+        git.run("checkout", "-q", "-b", branch, "main", cwd=work)
+        c.commit({f"{branch}.txt": "x\n"}, branch)
+    git.run("checkout", "-q", "main", cwd=work)
+    repo = d_root / "stuck.git"
+    git.run("clone", "-q", "--bare", str(work), str(repo))
+    first = _next_bundle(git, d_server, "stuck.git", tmp_path / "c1", "1")
+    assert len(_heads(git, d_server, first, tmp_path / "b1")) == 43
+    # Deleted: the bundle's feature tip is reachable from no visible ref.
+    git.run("branch", "-q", "-D", "feature", cwd=repo)
+    assert _bundle_list(d_server, "stuck.git") == {}
+    assert request(d_server.port, "GET", _path(d_server, first)).status == 404
+    second = _next_bundle(git, d_server, "stuck.git", tmp_path / "c2", "2")
+    names = _heads(git, d_server, second, tmp_path / "b2")
+    assert "refs/heads/feature" not in names and "refs/heads/topic" in names
+    assert len(names) == 42
+    # Force-pushed: topic's tip of bundle 2 is left unreachable.
+    git.run("update-ref", "refs/heads/topic", "refs/heads/main", cwd=repo)
+    assert _bundle_list(d_server, "stuck.git") == {}
+    third = _next_bundle(git, d_server, "stuck.git", tmp_path / "c3", "3")
+    ref = tmp_path / "ref"
+    git.run("clone", "-q", "--no-local", f"file://{repo}", str(ref))
+    dest = tmp_path / "c4"
+    _clone(git, f"{d_server.url}/stuck.git", dest,
+           f"--bundle-uri={next(v for k, v in third.items() if k.endswith('.uri'))}")
+    fsck(git, dest)
+    assert _refs(git, dest) == _refs(git, ref)
+    # Made anew at the same path with another history: withdrawn, then rewritten.
+    other = tmp_path / "w2"
+    git.run("init", "-q", "-b", "main", str(other))
+    Committer(git, other, start=1_700_000_000).commit({"g.txt": "other\n"}, "other")
+    git.run("tag", "t00", cwd=other)
+    shutil.rmtree(repo)
+    git.run("clone", "-q", "--bare", str(other), str(repo))
+    assert _bundle_list(d_server, "stuck.git") == {}
+    fourth = _next_bundle(git, d_server, "stuck.git", tmp_path / "c5", "4")
+    assert _heads(git, d_server, fourth, tmp_path / "b4") == ["refs/heads/main",
+                                                              "refs/tags/t00"]
+
+
+def test_a_bundle_of_few_refs_goes_stale(git: Git, tmp_path: Path, d_root: Path,
+                                         d_server: LiveServer) -> None:
+    """A repository of 5 branches, which never has 16 refs to move: its bundle is stale
+    once a quarter of them (2) moved, and the next full clone writes its successor. Before,
+    pushes never made it stale, and clients were sent an ever older bundle."""
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
+    for i in range(1, 5):
+        git.run("branch", f"b{i}", f"HEAD~{i}", cwd=work)
+    repo = d_root / "few.git"
+    git.run("clone", "-q", "--bare", str(work), str(repo))
+    first = _next_bundle(git, d_server, "few.git", tmp_path / "c1", "1")
+    c.commit({"f.txt": "5\n"}, "c5")
+    git.run("push", "-q", str(repo), "main", cwd=work)
+    assert _bundle_list(d_server, "few.git") == first  # one of five moved: still fresh
+    git.run("push", "-q", str(repo), "main:b1", cwd=work)
+    assert _bundle_list(d_server, "few.git") == {}  # two: stale
+    second = _next_bundle(git, d_server, "few.git", tmp_path / "c2", "2")
+    assert request(d_server.port, "GET", _path(d_server, first)).status == 404
+    bundle = tmp_path / "b2.bundle"
+    subprocess.run(["curl", "-sf", "-o", str(bundle), next(
+        v for k, v in second.items() if k.endswith(".uri"))], check=True, timeout=60)
+    main = git.out("rev-parse", "refs/heads/main", cwd=repo).strip()
+    listed = git.out("bundle", "list-heads", str(bundle))
+    assert f"{main} refs/heads/b1" in listed and f"{main} refs/heads/main" in listed
+
+
+def test_a_ref_hidden_after_the_bundle_was_written_withdraws_it(
+        git: Git, tmp_path: Path, d_root: Path, d_server: LiveServer) -> None:
+    """A branch hidden after its bundle was written, whose tip a visible ref still reaches:
+    the bundle is withdrawn at once (neither listed nor served, whatever the protocol of
+    the request), and the next full clone writes one of the visible refs only. Before, it
+    was still offered, and a client with transfer.bundleURI stored the hidden branch's
+    name as refs/bundles/heads/security/embargoed-fix."""
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
+    repo = d_root / "leak.git"
+    git.run("clone", "-q", "--bare", str(work), str(repo))
+    git.run("update-ref", "refs/heads/security/embargoed-fix", "main~1", cwd=repo)
+    first = _next_bundle(git, d_server, "leak.git", tmp_path / "c1", "1")
+    assert "refs/heads/security/embargoed-fix" in _heads(git, d_server, first,
+                                                          tmp_path / "b1")
+    git.run("config", "uploadpack.hideRefs", "refs/heads/security", cwd=repo)
+    for version in ("0", "2"):
+        out = git.out("-c", f"protocol.version={version}", "ls-remote",
+                      f"{d_server.url}/leak.git")
+        assert "security" not in out
+    assert _bundle_list(d_server, "leak.git") == {}
+    path = _path(d_server, first)
+    assert request(d_server.port, "GET", path).status == 404
+    assert request(d_server.port, "GET", path, {"Git-Protocol": "version=2"}).status == 404
+    assert request(d_server.port, "HEAD", path, {"Git-Protocol": "version=1"}).status == 404
+    newer = new_git()
+    clone = [newer, "-c", "transfer.bundleURI=true"] if newer else ["git"]
+    dest = tmp_path / "c2"
+    subprocess.run([*clone, "-c", "protocol.version=2", "clone", "-q", "--bare",
+                    f"{d_server.url}/leak.git", str(dest)], env=git_env(git.home),
+                   check=True, capture_output=True, timeout=120)
+    assert "security" not in git.out("for-each-ref", cwd=dest)
+    # That full clone writes the successor, of the visible refs only.
+    second = poll(lambda: (listed := _bundle_list(d_server, "leak.git"))
+                  and _token(listed) == "2" and listed, 20, "bundle 2 offered")
+    assert _heads(git, d_server, second, tmp_path / "b2") == ["refs/heads/main"]
+    if newer is None:
+        pytest.skip("transfer.bundleURI needs a git >= 2.41 (GITSPOUT_TEST_NEW_GIT)")
+    served = metric(d_server.port, 'gitspout_bundle_requests_total{result="served"}', 0)
+    dest = tmp_path / "c3"
+    subprocess.run([newer, "-c", "transfer.bundleURI=true", "-c", "protocol.version=2",
+                    "clone", "-q", "--bare", f"{d_server.url}/leak.git", str(dest)],
+                   env=git_env(git.home), check=True, capture_output=True, timeout=120)
+    assert metric(d_server.port, 'gitspout_bundle_requests_total{result="served"}') \
+        == served + 1
+    refs = git.out("for-each-ref", "--format=%(refname)", cwd=dest).split()
+    assert "refs/bundles/heads/main" in refs and not [r for r in refs if "security" in r]
