@@ -41,6 +41,7 @@ from ..core.context import RequestContext
 from ..core.fetch import FetchPlan
 from ..core.refdigest import ref_state_digest
 from ..packgen import PackStream
+from ..packgen.verify import PackCheck
 from .bundleshare import Bundle, BundleFiles
 from .cachedir import make_directory, reclaim_orphans, unlink_quietly
 from .config import Config
@@ -219,6 +220,7 @@ class BundleStore:
         path = os.path.join(self.dir, f"{tag}-{token}.bundle")
         tmp = path + ".tmp"
         size = 0
+        check = PackCheck()
         try:
             with open(tmp, "wb") as f:
                 head = HEADER + b"".join(oid + b" " + name + b"\n" for name, oid in refs)
@@ -227,9 +229,19 @@ class BundleStore:
                 for item in PackStream(bundle_order(refs), ctx.objects()):
                     if isinstance(item, bytes):
                         f.write(item)
+                        check.feed(item)
                         size += len(item)
                         if size > self.cfg.bundle_size:
                             raise _TooLarge
+            fault = check.fault()
+            if fault is not None:
+                # Data copied as stored from a damaged pack: a fetch fails in its client
+                # and the next one is whole once the repository is repaired, but a bundle
+                # would be offered until its refs moved (packgen/verify.py).
+                unlink_quietly(tmp)
+                log.error("bundle of %s not kept: its pack is damaged (%s)",
+                          ctx.repo.url_path, fault)
+                return None
             os.rename(tmp, path)
         except _TooLarge:
             unlink_quietly(tmp)

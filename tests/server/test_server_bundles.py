@@ -558,3 +558,52 @@ def test_a_ref_hidden_after_the_bundle_was_written_withdraws_it(
         == served + 1
     refs = git.out("for-each-ref", "--format=%(refname)", cwd=dest).split()
     assert "refs/bundles/heads/main" in refs and not [r for r in refs if "security" in r]
+
+
+def test_a_bundle_of_a_damaged_pack_is_not_kept(git: Git, tmp_path: Path) -> None:
+    """A bundle is made of data copied as stored: one written while a pack of the
+    repository was damaged was offered, and failed every bundle download, after the
+    repository's repair, until its refs moved. Its pack is checked as it is written now
+    (packgen/verify.py): not kept, and the next full clone after the repair writes a whole
+    one."""
+    root, work = tmp_path / "root", tmp_path / "w"
+    root.mkdir()
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    c.commit({"big.bin": os.urandom(200_000), "f.txt": "x\n"}, "one")
+    c.commit({"f.txt": "y\n"}, "two")
+    good = tmp_path / "good.git"
+    git.run("clone", "-q", "--bare", str(work), str(good))
+    git.run("repack", "-q", "-ad", cwd=good)
+    repo = root / "repo.git"
+    git.run("clone", "-q", "--bare", "--no-local", str(good), str(repo))
+    git.run("repack", "-q", "-ad", cwd=repo)
+    blob = git.out("rev-parse", "main:big.bin", cwd=repo).strip()
+    (idx,) = (repo / "objects" / "pack").glob("*.idx")
+    offsets = {line.split()[1]: int(line.split()[0])
+               for line in git.out("show-index", input=idx.read_bytes()).splitlines()}
+    pack = idx.with_suffix(".pack")
+    data = bytearray(pack.read_bytes())
+    data[offsets[blob] + 1000] ^= 0xFF
+    os.chmod(pack, 0o644)
+    pack.write_bytes(bytes(data))
+    srv = start_server(root, extra_args=[
+        "--bundles", "--bundle-after", "1", "--bundle-dir", str(tmp_path / "bundles")])
+    try:
+        assert git.run("-c", "protocol.version=2", "clone", "-q", f"{srv.url}/repo.git",
+                       str(tmp_path / "c1"), check=False).returncode != 0
+        poll(lambda: any("not kept: its pack is damaged" in line for line in srv.lines), 20,
+             "the damaged bundle refused")
+        assert _bundle_list(srv, "repo.git") == {}
+        assert not list((tmp_path / "bundles").rglob("*.bundle"))
+        for f in (repo / "objects" / "pack").iterdir():  # repaired: the same objects
+            f.unlink()
+        for f in (good / "objects" / "pack").iterdir():
+            (repo / "objects" / "pack" / f.name).write_bytes(f.read_bytes())
+        listed = _written(git, srv, "repo.git", tmp_path, 1)
+        uri = next(v for k, v in listed.items() if k.endswith(".uri"))
+        dest = tmp_path / "c2"
+        _clone(git, f"{srv.url}/repo.git", dest, f"--bundle-uri={uri}")
+        fsck(git, dest)
+    finally:
+        srv.stop()
