@@ -4,8 +4,11 @@ docs/operations.md "Workers"): one producer per key across the processes, reader
 A key's files in the shared directory:
 
 - ``KEY.lock``: the producer holds an exclusive ``flock`` on it while it writes, and writes
-  its pid in it. It is never removed while the directory lives: a lock file unlinked and
-  made again would let two processes hold "the" lock on two inodes at once.
+  its pid in it. It goes with the key's pack (:func:`unpublish`), removed by whoever holds
+  it exclusively; so a process that took a lock checks that the file it locked is still
+  the one at the path, and takes it again if not (:func:`_open_locked`): else two could
+  hold "the" lock on two inodes at once. Kept forever, one was left per key ever fetched
+  (an incremental fetch of other haves is another key), beyond every size limit.
 - ``KEY.part``: the pack being written, framed as side-band-64k packets (packcache.py; read
   by the producer's own readers, in its process).
 - ``KEY.meta`` then ``KEY.pack``: written once complete, in this order and each atomically
@@ -35,6 +38,8 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from .cachedir import unlink_quietly
 
 __all__ = ["Claim", "claim", "publish", "release", "wait_for_producer", "pack_path",
            "forget_producer"]
@@ -75,17 +80,58 @@ def read_meta(directory: str, key: bytes) -> dict[str, Any] | None:
         return None
 
 
+def _open_locked(path: str, how: int, create: bool = True) -> int:
+    """A descriptor of the lock file ``path`` holding ``flock(how)``, of the file that is at
+    ``path`` now (module doc: a lock file is removed by whoever holds it exclusively, so a
+    lock taken on one unlinked since is let go and taken on the new one). Raises
+    BlockingIOError when held elsewhere (``LOCK_NB``), FileNotFoundError without
+    ``create`` when there is none."""
+    for _ in range(64):
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+        try:
+            fcntl.flock(fd, how)
+            mine = os.fstat(fd)
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+            return fd
+        os.close(fd)
+        if not create:
+            raise FileNotFoundError(path)
+    raise OSError(errno.EAGAIN, f"{path}: the lock file was replaced again and again")
+
+
+def _remove_lock(path: str, held: int = -1) -> None:
+    """Remove the lock file ``path``: under ``held`` (this process's exclusive lock on it),
+    or under one taken now if nobody holds it (a producer or a waiter: it stays then,
+    and goes with the key's next pack)."""
+    if held >= 0:
+        unlink_quietly(path)
+        return
+    try:
+        fd = _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+    except OSError:
+        return
+    try:
+        unlink_quietly(path)
+    finally:
+        os.close(fd)
+
+
 def claim(directory: str, key: bytes) -> Claim:
     """Adopt, produce or wait (module doc). OSError when the directory is unusable."""
     meta = read_meta(directory, key)
     if meta is not None:
         return Claim("adopt", meta=meta)
     base = _base(directory, key)
-    fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = _open_locked(base + ".lock", fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             return Claim("wait")
         raise
@@ -125,15 +171,14 @@ def release(lock: int) -> None:
         os.close(lock)
 
 
-def unpublish(path: str) -> None:
-    """An evicted pack: its ``.pack`` (or ``.part``) and its ``.meta`` go."""
+def unpublish(path: str, held: int = -1) -> None:
+    """An evicted pack: its ``.pack`` (or ``.part``), its ``.meta`` and its lock file go
+    (``held``: this process's exclusive lock on it, if it has it still)."""
     root, _ext = os.path.splitext(path)
     for p in (root + ".pack", root + ".meta", root + ".part"):
         if p == path or p.endswith(".meta"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+            unlink_quietly(p)
+    _remove_lock(root + ".lock", held)
 
 
 def forget_producer(directory: str, pid: int) -> int:
@@ -173,17 +218,17 @@ def forget_producer(directory: str, pid: int) -> int:
 def _forget_part(base: str, pid: int) -> int:
     """Remove ``base.part`` if ``pid`` wrote it (its lock names it) and nobody holds the
     lock (a producer that claimed the key since wrote its own pid); 1 if removed."""
-    try:
-        fd = os.open(base + ".lock", os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
+    try:  # released by the close
+        fd = _open_locked(base + ".lock", fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+    except OSError:  # held (a producer, or a waiter for a moment), or gone already
         return 0
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close
         if os.pread(fd, 32, 0).strip() != b"%d" % pid:
             return 0
         os.unlink(base + ".part")
+        _remove_lock(base + ".lock", fd)
         return 1
-    except OSError:  # held (a producer, or a waiter for a moment), or gone already
+    except OSError:
         return 0
     finally:
         os.close(fd)
@@ -194,20 +239,17 @@ async def wait_for_producer(directory: str, key: bytes, keepalive: float,
     """Wait until the producer in another worker lets its lock go, sending a keepalive
     every ``keepalive`` seconds; the metadata of the pack it completed, or None (it died
     or gave up: the caller sends the pack itself)."""
-    fd = os.open(_base(directory, key) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    path = _base(directory, key) + ".lock"
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                pass
-            if keepalive > 0 and loop.time() - quiet_since >= keepalive:
-                await send_keepalive()
-                quiet_since = loop.time()
-            await asyncio.sleep(POLL)
-    finally:
-        os.close(fd)
+    while True:
+        try:
+            os.close(_open_locked(path, fcntl.LOCK_SH | fcntl.LOCK_NB))
+            break
+        except BlockingIOError:
+            pass
+        if keepalive > 0 and loop.time() - quiet_since >= keepalive:
+            await send_keepalive()
+            quiet_since = loop.time()
+        await asyncio.sleep(POLL)
     return read_meta(directory, key)

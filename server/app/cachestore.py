@@ -310,7 +310,7 @@ class CacheStore:
             return  # another worker's file
         self.bytes -= entry.size
         if self.shared:
-            cacheshare.unpublish(entry.path)
+            cacheshare.unpublish(entry.path, entry.lock)
         else:
             try:
                 os.unlink(entry.path)

@@ -449,6 +449,9 @@ def test_shared_cache_directory_stays_within_the_size_in_all(git: Git, tmp_path:
         assert generated > 2 * cap  # the cache was asked to hold more than twice its size
         evicted = metric_samples(srv.port, "gitspout_pack_cache_evictions_total")
         assert evicted['{reason="size"}'] >= 3
+        # An evicted pack's lock file goes with it: one was kept per key ever fetched.
+        locks, packs = list(shared.glob("*.lock")), list(shared.glob("*.pack"))
+        assert {f.stem for f in locks} <= {f.stem for f in packs}, (locks, packs)
         assert metric_samples(srv.port, "gitspout_pack_cache_limit_bytes")[""] <= cap
     finally:
         srv.stop()
@@ -528,6 +531,7 @@ def test_one_producer_per_key_across_processes(tmp_path: Path, publish: bool) ->
         assert part.exists()  # what the dead producer left, outside every worker's share
         assert cacheshare.forget_producer(str(tmp_path), pid + 1) == 0  # not that one's
         assert cacheshare.forget_producer(str(tmp_path), pid) == 1 and not part.exists()
+        assert not part.with_suffix(".lock").exists()  # with its lock file
         again = cacheshare.claim(str(tmp_path), key)  # the dead producer's lock is free
         assert again.kind == "produce" and os.path.getsize(again.part) == 0
         cacheshare.release(again.lock)
@@ -557,3 +561,32 @@ def test_port_in_use_stops_the_master(workers_root: Path) -> None:
                                "--root", str(workers_root), "--port", str(port),
                                "--workers", "2"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+def test_a_lock_file_removed_under_its_holder_is_not_shared(tmp_path: Path) -> None:
+    """A lock file goes with its key's pack, removed by the process holding it; one that
+    opened the old file before the removal must not lock it and produce too."""
+    import fcntl
+
+    from gitspout.server.app import cacheshare
+
+    key = bytes(range(32))
+    first = cacheshare.claim(str(tmp_path), key)
+    assert first.kind == "produce"
+    lock = Path(cacheshare.pack_path(str(tmp_path), key)).with_suffix(".lock")
+    stale = os.open(lock, os.O_RDWR)  # opened before the removal, locked after it
+    try:
+        cacheshare.unpublish(first.part, first.lock)  # failed: its files go, lock file too
+        assert not lock.exists() and not Path(first.part).exists()
+        cacheshare.release(first.lock)
+        second = cacheshare.claim(str(tmp_path), key)
+        assert second.kind == "produce" and lock.exists()
+        fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the old inode: free, and no lock
+        assert cacheshare.claim(str(tmp_path), key).kind == "wait"
+        cacheshare.publish(str(tmp_path), key, second.part, {"size": 0})
+        cacheshare.release(second.lock)
+        assert cacheshare.claim(str(tmp_path), key).kind == "adopt"
+        cacheshare.unpublish(cacheshare.pack_path(str(tmp_path), key))  # evicted, lock free
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        os.close(stale)
