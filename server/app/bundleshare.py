@@ -9,7 +9,8 @@ A repository's files, named by a digest ``TAG`` of its git directory:
   bundle, or a 404 if it was replaced or evicted between the read and the open.
 - ``TAG.lock``: the writer's exclusive ``flock``, taken without waiting: one writer per
   repository across processes; another that finds it held leaves the bundle to it. The
-  lock file is never removed while the directory lives (cacheshare.py says why).
+  lock file, one per repository, is never removed while the directory lives: one unlinked
+  and made again could be locked on two inodes at once (cacheshare.py checks for that).
 - ``TAG.clones``: the times (CLOCK_MONOTONIC, one clock for the whole machine) of the last
   ``--bundle-after`` full clones of the repository by any worker, rewritten under an
   ``flock`` of its own held for a read and a write.
