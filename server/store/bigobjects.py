@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .errors import ObjectStoreError, StorageError
-from .fsops import FsOps
+from .fsops import READ_FLAGS, FsOps
 from .objformat import TYPE_NUMS
 
 __all__ = ["LARGE_OBJECT", "PIECE", "ByteBudget", "DEFAULT_INFLATE_MEMORY", "iter_loose"]
@@ -59,7 +59,7 @@ def iter_loose(fs: FsOps, path: str, oid: bytes) -> Iterator[tuple[int, int] | b
     file is gone (packed away meanwhile), StorageError if it is corrupt."""
     fs.note("open")
     fs.note("read")  # counted once per file, as FsOps.read_file does
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, READ_FLAGS)
     try:
         d = zlib.decompressobj()
         head = b""

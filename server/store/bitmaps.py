@@ -15,6 +15,7 @@ import numpy as np
 
 from .errors import StorageError
 from .faults import report_unusable
+from .fsops import nonblocking
 from .lru import ByteLRU
 from .objformat import trailer_matches
 from .packs import PackFile
@@ -167,7 +168,7 @@ def load_bitmaps(pack: PackFile) -> PackBitmaps | None:
     --cache-memory); None without a usable file."""
     def compute() -> tuple[PackBitmaps | None, int]:
         try:
-            with open(pack.base + ".bitmap", "rb") as fh:
+            with open(pack.base + ".bitmap", "rb", opener=nonblocking) as fh:
                 data = fh.read()
             # The file and its entry table (decoded bitmaps are a cache of their own).
             bitmaps = PackBitmaps(pack, data)

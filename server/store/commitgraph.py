@@ -15,6 +15,7 @@ from array import array
 from bisect import bisect_left
 
 from .errors import StorageError
+from .fsops import nonblocking
 from .objformat import HASH_ID_LEN, trailer_matches
 
 __all__ = ["CommitGraph", "CommitGraphError", "open_commit_graph", "GraphEntry"]
@@ -47,7 +48,7 @@ class CommitGraph:
         self.leases = 0
         self.retired = False
         self.handles = self.HANDLES
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=nonblocking) as fh:
             if verify and inode is not None and os.fstat(fh.fileno()).st_ino != inode:
                 raise FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)

@@ -10,7 +10,18 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-__all__ = ["FsOps"]
+__all__ = ["FsOps", "READ_FLAGS", "nonblocking"]
+
+# Every file of a repository is opened with O_NONBLOCK: a FIFO in its place (packed-refs, a
+# ref, an included config, a pack) otherwise blocks the open, and with it a pool thread
+# for good, until a writer comes (C git blocks too). Opened so, it reads as empty, or
+# fails; a regular file reads as ever (O_NONBLOCK means nothing to regular files).
+READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def nonblocking(path: str, flags: int) -> int:
+    """An ``opener`` for ``open()``: the file opened with O_NONBLOCK (READ_FLAGS)."""
+    return os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 class FsOps:
@@ -65,7 +76,7 @@ class FsOps:
     def read_file(self, path: str, limit: int = 1 << 26) -> bytes:
         """Open and read a whole (small) file, refusing more than ``limit`` bytes."""
         self.counts["open"] += 1
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, READ_FLAGS)
         try:
             self.counts["read"] += 1
             parts: list[bytes] = []
@@ -87,7 +98,7 @@ class FsOps:
         ``os.pread`` (each call counted with :meth:`note`) and closes it."""
         self.counts["open"] += 1
         try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(path, READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             return None
 

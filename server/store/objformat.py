@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 from gitspout.protocol.oid import HEX_LEN
 
+from .fsops import nonblocking
+
 __all__ = [
     "ids_digest",
     "OBJ_COMMIT",
@@ -77,7 +79,7 @@ def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool
     """:func:`trailer_matches` of the file at ``path``, through a map of its own (hashing
     releases the GIL). None when the file is gone, or is no longer inode ``inode``."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=nonblocking) as fh:
             st = os.fstat(fh.fileno())
             if inode is not None and st.st_ino != inode:
                 return None

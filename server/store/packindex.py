@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from .fsops import nonblocking
 from .objformat import trailer_matches
 from .packentry import PackFormatError
 
@@ -54,7 +55,7 @@ class PackIndex:
         def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError: ...
 
     def _map_index(self, path: str, inode: object = None) -> mmap.mmap:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=nonblocking) as fh:
             if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
                 raise replaced(path)
             idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)

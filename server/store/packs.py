@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from .faults import FaultCounts
+from .fsops import READ_FLAGS
 from .lru import ByteLRU, MemoryBudget
 from .packentry import EntryHeader, PackFormatError, encode_entry_header, parse_entry_header
 from .packindex import PackIndex, replaced
@@ -154,7 +155,7 @@ class PackFile(PackIndex, ReverseIndex):
         idx = self._map_index(self.base + ".idx", want_idx)
         fd = -1
         try:
-            fd = os.open(self.base + ".pack", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.base + ".pack", READ_FLAGS)
             st = os.fstat(fd)
             if want_pack is not None and st.st_ino != want_pack:
                 raise replaced(self.base + ".pack")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .faults import FaultCounts, report_unusable
+from .fsops import nonblocking
 from .lru import ByteLRU
 from .objformat import OFS_DELTA, REF_DELTA, trailer_matches
 from .packentry import EntryHeader, PackFormatError
@@ -137,7 +138,7 @@ class ReverseIndex:
         size, the pack checksum it records and its own checksum are checked (it is read
         whole anyway); a damaged one is reported once and the offsets are sorted instead."""
         try:
-            with open(self.base + ".rev", "rb") as fh:
+            with open(self.base + ".rev", "rb", opener=nonblocking) as fh:
                 data = fh.read()
         except FileNotFoundError:
             return None
