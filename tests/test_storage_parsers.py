@@ -10,8 +10,10 @@ import time
 import pytest
 from gitspout.server.store import packedrefs as P
 from gitspout.server.store import refs as R
+from gitspout.server.store import repoformat as RF
 from gitspout.server.store.bitmaps import BitmapFormatError, decode_ewah
 from gitspout.server.store.errors import StorageError
+from gitspout.server.store.gitconfig import ConfigFileError, parse_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,3 +112,61 @@ def test_damaged_reftable_blocks_are_refused_or_read(change: int) -> None:
         else:
             outcomes["read"] += 1
     assert outcomes["refused"] > 100 and outcomes["read"] > 100, outcomes
+
+
+# -- repository format (store/repoformat.py; setup.c) ---------------------------------
+
+def _format(text: str) -> RF.RepoFormat:
+    return RF.repository_format(parse_config(text))
+
+
+@pytest.mark.parametrize(("text", "fmt", "storage", "refusal"), [
+    ("", "sha1", "files", None),
+    ("[core]\n\trepositoryformatversion = 0\n", "sha1", "files", None),
+    ("[core]\n\trepositoryformatversion = 01\n[extensions]\n\tobjectformat = sha256\n",
+     "sha256", "files", None),  # strtoimax base 0: octal
+    ("[core]\n\trepositoryformatversion = 0x2\n", "sha1", "files",
+     "Expected git repo version <= 1, found 2"),
+    ("[core]\n\trepositoryformatversion = 1\n[extensions]\n\trefStorage = reftable\n",
+     "sha1", "reftable", None),
+    ("[core]\n\trepositoryformatversion = 1\n[extensions]\n\tobjectFormat = SHA256\n",
+     "sha1", "files", "unsupported object format SHA256"),  # values are case-sensitive
+    ("[core]\n\trepositoryformatversion = 1\n[extensions]\n\trefstorage = files:///x\n",
+     "sha1", "files", "unsupported ref storage format 'files:///x'"),
+    ("[extensions]\n\trefstorage = nope\n", "sha1", "files",
+     "unsupported ref storage format 'nope'"),  # no version: still read, still refused
+    ("[extensions]\n\tobjectformat = sha256\n", "sha1", "files", None),  # no version
+    ("[core]\n\trepositoryformatversion = -5\n[extensions]\n\tobjectformat = sha256\n"
+     "\tfrob = 1\n", "sha256", "files", None),  # negative: C git checks nothing
+    ("[core]\n\trepositoryformatversion = 1\n[extensions \"a\"]\n\tB = 1\n[extensions]\n"
+     "\tc = 1\n", "sha1", "files", "unknown repository extensions found: a.b, c"),
+    ("[core]\n\trepositoryformatversion = 0\n[extensions]\n\tcompatObjectFormat = sha256\n"
+     "\trefStorage = files\n", "sha1", "files",
+     "repo version is 0, but v1-only extensions found: compatobjectformat, refstorage"),
+])
+def test_repository_format(text: str, fmt: str, storage: str, refusal: str | None) -> None:
+    got = _format(text)
+    assert got.refusal == refusal
+    if refusal is None:
+        assert (got.object_format, got.ref_storage) == (fmt, storage)
+
+
+@pytest.mark.parametrize("text", [
+    "[core]\n\trepositoryformatversion = x\n",
+    "[core]\n\trepositoryformatversion = 1_0\n",
+    "[core]\n\trepositoryformatversion\n",
+    "[core]\n\trepositoryformatversion = 99999999999\n",
+    "[extensions]\n\tpartialclone\n",
+    "[extensions]\n\tobjectformat\n",
+    "[extensions]\n\tworktreeconfig = maybe\n",
+])
+def test_repository_format_bad_values_are_bad_config(text: str) -> None:
+    """Values C git dies on while reading the config: a bad config (as a bad boolean)."""
+    with pytest.raises(ConfigFileError):
+        _format(text)
+
+
+def test_worktree_config_flag() -> None:
+    assert _format("[extensions]\n\tworktreeConfig\n[core]\n\trepositoryformatversion = 0\n"
+                   ).worktree_config
+    assert not _format("[extensions]\n\tworktreeConfig = true\n").worktree_config  # no version

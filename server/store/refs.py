@@ -347,8 +347,7 @@ def read_ref_snapshot(
     reader = _Reader(gitdir, fs, dirs, cache, hex_len)
     loose = reader.loose(prefixes)
     top = _top(fs, dirs, gitdir)
-    head_raw = (dirs.file(fs, os.path.join(gitdir, "HEAD"), top) or b"").strip() \
-        if "HEAD" in top.names() else b""
+    head_raw = _head_raw(fs, dirs, gitdir, top)
     targets: dict[bytes, bytes] = {}
     if prefixes:
         starts = [v[4:].strip() for v in loose.values() if v.startswith(b"ref:")]
@@ -379,6 +378,36 @@ def read_ref_snapshot(
         cache.snapshots.put(state, snap, nbytes=200 + 8 * len(segments) + sum(
             s.nbytes for s in segments if id(s) not in base))
     return snap
+
+
+def _head_raw(fs: FsOps, dirs: DirCache, gitdir: str, top: Listing) -> bytes:
+    """HEAD's contents. A symlink HEAD that names a ref (``HEAD -> refs/heads/main``, as
+    ``core.preferSymlinkRefs`` made them) is a symref to that ref, read from the link
+    itself as refs/files-backend.c does: its target may well be packed (the link then
+    dangles). Any other symlink is read through (within the root: DirCache.file)."""
+    if "HEAD" not in top.names():
+        return b""
+    path = os.path.join(gitdir, "HEAD")
+    if "HEAD" in top.links:
+        try:
+            target = os.readlink(path)
+        except OSError:  # replaced by a file meanwhile: read it
+            target = ""
+        if target.startswith("refs/") and _refname_ok(target):
+            return b"ref: " + target.encode("utf-8", "surrogateescape")
+    return (dirs.file(fs, path, top) or b"").strip()
+
+
+_BAD_REFNAME_CHARS = frozenset(" ~^:?*[\\\x7f")
+
+
+def _refname_ok(name: str) -> bool:
+    """refs.c ``check_refname_format`` (no flags) of a symlink's target."""
+    if name == "@" or name.endswith((".", "/")) or "@{" in name or ".." in name:
+        return False
+    if any(c in _BAD_REFNAME_CHARS or ord(c) < 0x20 for c in name):
+        return False
+    return all(_valid_component(part) for part in name.split("/"))
 
 
 def _top(fs: FsOps, dirs: DirCache, gitdir: str) -> Listing:

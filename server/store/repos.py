@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from gitspout.protocol.errors import ClientError
 from gitspout.protocol.refs import parse_hide_pattern
 
 from .confine import is_within
@@ -24,8 +25,10 @@ from .fsops import FsOps
 from .gitconfig import ConfigEntry, ConfigFileError, parse_config, read_config
 from .lru import ByteLRU, MemoryBudget
 from .refcache import RefCache
+from .repoformat import RepoFormat, repository_format
 
-__all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "parse_repo_config", "repo_config"]
+__all__ = ["Repo", "RepoConfig", "RepoResolver", "RepoNotFound", "UnsupportedRepository",
+           "parse_repo_config", "repo_config"]
 
 log = logging.getLogger("gitspout")
 
@@ -36,6 +39,15 @@ READ_ENTRIES = ("objects", "refs", "packed-refs", "HEAD", "config")
 
 class RepoNotFound(Exception):
     """No servable repository at that path (answered with 404)."""
+
+
+class UnsupportedRepository(ClientError):
+    """A repository whose format C git would refuse to open (a newer version, an extension
+    it does not know: store/repoformat.py): refused with 403 and C git's reason, as a
+    repository gitspout cannot serve, not a fault of the server."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"unsupported repository format: {reason}", http_status=403)
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,12 @@ class RepoConfig:
     filter_allow: dict[str, bool] = field(default_factory=dict)
     filter_allow_default: bool = True
     tree_filter_max_depth: int | None = None
-    object_format: str = "sha1"
+    object_format: str = "sha1"  # extensions.objectFormat (store/repoformat.py)
     advertise_sid: bool = False
     unborn: str = "advertise"
     ref_storage: str = "files"  # extensions.refStorage: files or reftable
+    # Why the repository format is refused (store/repoformat.py); None: it is served
+    format_refusal: str | None = None
     http_upload_pack: bool = True  # http.uploadpack: false makes git-http-backend answer 403
     # uploadpack.advertiseBundleURIs, and every bundle.* entry in file order as the v2
     # bundle-uri command answers them (bundle-uri.c config_to_packet_line)
@@ -90,10 +104,13 @@ def _bool(value: str | None, what: str) -> bool:
         raise ConfigFileError(f"bad boolean config value {value!r} for {what!r}") from None
 
 
-def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
+def repo_config(entries: list[ConfigEntry], fmt: RepoFormat | None = None) -> RepoConfig:
     """The settings upload-pack reads, from a config's entries in file order: the last
     value of a setting wins, and hideRefs collects every value in order (its last match
-    wins when a ref is checked)."""
+    wins when a ref is checked). ``fmt`` is the repository format, read from the config
+    file alone (C git reads no include for it); None: from ``entries``."""
+    if fmt is None:
+        fmt = repository_format(entries)
     flags = {"allowfilter": True, "allowrefinwant": False, "allowtipsha1inwant": False,
              "allowreachablesha1inwant": False, "allowanysha1inwant": False,
              "allowsidebandall": False}
@@ -101,7 +118,7 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
     allow: dict[str, bool] = {}
     default = True
     max_depth: int | None = None
-    fmt, unborn, sid, storage = "sha1", "advertise", False, "files"
+    unborn, sid = "advertise", False
     http_upload_pack = True
     bundle_uris, bundles, blob_uris = False, [], []
     for e in entries:
@@ -123,14 +140,8 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
                     and e.value.isdigit():
                 max_depth = int(e.value)
                 allow.setdefault("tree", True)
-        elif e.section == "extensions" and e.subsection is None and e.key == "objectformat" \
-                and e.value is not None:
-            fmt = e.value.lower()
         elif e.section == "http" and e.subsection is None and e.key == "uploadpack":
             http_upload_pack = _bool(e.value, what)
-        elif e.section == "extensions" and e.subsection is None and e.key == "refstorage" \
-                and e.value is not None:
-            storage = e.value.lower()
         elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn" \
                 and e.value is not None:
             unborn = e.value.lower()
@@ -155,10 +166,11 @@ def repo_config(entries: list[ConfigEntry]) -> RepoConfig:
         filter_allow=allow,
         filter_allow_default=default,
         tree_filter_max_depth=max_depth,
-        object_format=fmt,
+        object_format=fmt.object_format,
         advertise_sid=sid,
         unborn=unborn,
-        ref_storage=storage,
+        ref_storage=fmt.ref_storage,
+        format_refusal=fmt.refusal,
         http_upload_pack=http_upload_pack,
         advertise_bundle_uris=bundle_uris,
         bundle_list=tuple(bundles),
@@ -218,7 +230,10 @@ class Repo:
         object: so this is where the git directory's own symlinks (``objects``, ``refs``,
         ...) are checked, from the listing the config needs anyway. An include that leads
         outside the root is refused like such a symlink. The git directory's listing comes
-        back too: what else a request looks up in it (a ``shallow`` file) costs no stat."""
+        back too: what else a request looks up in it (a ``shallow`` file) costs no stat.
+
+        A repository whose format C git would refuse (store/repoformat.py) raises
+        :class:`UnsupportedRepository` here, before anything else of it is read."""
         top = dirs.listing(fs, self.gitdir)
         if top is None:
             raise RepoNotFound(self.url_path)
@@ -226,8 +241,9 @@ class Repo:
         cached = self._config
         if dirs.enabled and cached is not None and cached.trusted and \
                 tuple(map(fs.version, cached.files)) == cached.signature:
-            return cached.cfg, top
+            return _served(cached.cfg), top
         main = os.path.join(self.gitdir, "config")
+        own: list[bytes | None] = []  # the config file's own bytes (the format is read there)
 
         seen: dict[str, tuple[int, int, int, int] | None] = {}
         digest = hashlib.sha256()
@@ -242,21 +258,42 @@ class Repo:
             if path not in seen:
                 seen[path] = fs.version(path)
             data = fs.read_file_or_none(path)
+            if path == main and not own:
+                own.append(data)
             name = path.encode("utf-8", "surrogateescape")
             digest.update(b"%d:%s|" % (len(name), name))
             digest.update(b"-" if data is None else b"%d:%s|" % (len(data), data))
             return data
 
         entries, files = read_config(main, read, self.gitdir)
+        # The format from the file alone: a reader that has only its bytes finds every
+        # include missing (and skips it, as a missing include is).
+        fmt = repository_format(read_config(
+            main, lambda path: own[0] if path == main and own else None, self.gitdir)[0])
+        if fmt.worktree_config and fmt.refusal is None:
+            # extensions.worktreeConfig: config.worktree is read after the config, as
+            # C git's do_git_config_sequence does (a hideRefs there counts).
+            more, more_files = read_config(os.path.join(self.gitdir, "config.worktree"),
+                                           read, self.gitdir)
+            entries += more
+            files += more_files
         signature = tuple(seen[path] for path in files)
-        cfg = replace(repo_config(entries), identity=digest.digest())
+        cfg = replace(repo_config(entries, fmt), identity=digest.digest())
+        if cfg.format_refusal is not None:
+            log.warning("refusing /%s: %s", self.url_path, cfg.format_refusal)
         # A file changed (mtime or ctime: a rewrite may set its mtime back) within RACY_NS
         # of this reading may change again without its stat showing it (the same size,
         # within the same tick of the clock): read again by every request until it is
         # older, as a racy listing is listed again.
         trusted = all(v is None or now - max(v[2], v[3]) > RACY_NS for v in signature)
         self._config = _CachedConfig(tuple(files), signature, cfg, trusted)
-        return cfg, top
+        return _served(cfg), top
+
+
+def _served(cfg: RepoConfig) -> RepoConfig:
+    if cfg.format_refusal is not None:
+        raise UnsupportedRepository(cfg.format_refusal)
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -269,10 +306,22 @@ class _CachedConfig:
 
 def _is_git_dir(path: str) -> bool:
     return (
-        os.path.isfile(os.path.join(path, "HEAD"))
+        _head_ok(os.path.join(path, "HEAD"))
         and os.path.isdir(os.path.join(path, "objects"))
         and os.path.isdir(os.path.join(path, "refs"))
     )
+
+
+def _head_ok(head: str) -> bool:
+    """setup.c ``validate_headref``, as far as the file's kind: a symlink counts when it
+    names something under ``refs/`` (an old-style symbolic HEAD, read as a symref by
+    store/refs.py: its target may be a packed ref, so the link may lead nowhere), and
+    no other symlink does; anything else must be a file."""
+    try:
+        target = os.readlink(head)
+    except OSError:  # not a symlink (or not there)
+        return os.path.isfile(head)
+    return target.startswith("refs/")
 
 
 def _clean_segments(rel: str) -> list[str]:

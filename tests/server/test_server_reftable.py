@@ -134,8 +134,9 @@ def test_clone_of_a_reftable_repository(git: Git, rt_server: LiveServer, rt_root
 
 
 def test_unreadable_stack_is_refused_then_served_again(rt_root: Path, tmp_path: Path) -> None:
-    """A damaged table, and a ref format gitspout does not know, are refused with a
-    storage error naming the file, never read as loose refs; once mended, it serves."""
+    """A damaged table is refused with a storage error naming the file, and a ref format
+    gitspout does not know as a repository it cannot serve (403: C git refuses to open
+    it), never read as loose refs; once mended, it serves."""
     with tarfile.open(FIXTURES / "stack.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     gitdir = tmp_path / "stack.git"
@@ -156,8 +157,9 @@ def test_unreadable_stack_is_refused_then_served_again(rt_root: Path, tmp_path: 
         config = gitdir / "config"
         config.write_text(config.read_text().replace("refstorage = reftable",
                                                      "refstorage = someday"))
-        assert _ls_refs_status(srv, "stack.git") == 500
-        srv.wait_for_line("unsupported ref storage format 'someday'")
+        assert _ls_refs_status(srv, "stack.git") == 403
+        assert get_info_refs(srv.port, repo="stack.git", version=2).status == 403
+        srv.wait_for_line("refusing /stack.git: unsupported ref storage format 'someday'")
     finally:
         srv.stop()
 

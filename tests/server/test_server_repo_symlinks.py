@@ -70,7 +70,9 @@ def _packed_out(repo: Path, lay: Layout) -> None:
 
 
 def _head_out(repo: Path, lay: Layout) -> None:
-    _link(repo / "HEAD", lay.secret_git / "HEAD")
+    """A HEAD link that starts with ``refs/`` (C git takes no other for a repository)
+    but is no ref name (``..``): C git reads the file it leads to, outside the root."""
+    _link(repo / "HEAD", "refs/../" + os.path.relpath(lay.secret_git / "HEAD", repo))
 
 
 def _config_out(repo: Path, lay: Layout) -> None:
@@ -266,12 +268,13 @@ def test_symlink_outside_root_allowed_by_option(git: Git, permissive: LiveServer
         assert b"refs/heads/sub/" not in proc.stdout
         return
     if name == "head-out":
-        # C git does not take a directory whose HEAD is a symlink to anything but refs/...
-        # for a repository, so file:// has nothing to compare with.
+        # What C git reads through the link (outside/secret.git's HEAD) is HEAD.
         dest = tmp_path / "c"
         git.run("clone", "-q", "--mirror", f"{permissive.url}/{name}.git", str(dest))
         fsck(git, dest)
         assert repo_state(git, dest).head == "ref: refs/heads/main"
+        assert git.out("ls-remote", "--symref", f"{permissive.url}/{name}.git") == \
+            git.out("ls-remote", "--symref", f"file://{permissive.root / name}.git")
         return
     _clone_both(git, permissive, f"{name}.git", tmp_path)
 
