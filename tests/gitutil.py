@@ -317,3 +317,17 @@ def objects_received(git: Git, args: Sequence[str], cwd: Path, trace: Path) -> i
     head = trace.read_bytes()[:12]
     assert head[:4] == b"PACK", f"no pack received: {head!r}"
     return int.from_bytes(head[8:12], "big")
+
+
+def damage_blob(git: Git, repo: Path, spec: str, at: int) -> None:
+    """Flip a byte ``at`` bytes into the stored entry of the blob ``spec`` (``rev:path``)
+    in ``repo``'s only pack: its compressed data no longer inflates to the blob."""
+    blob = git.out("rev-parse", spec, cwd=repo).strip()
+    (idx,) = (repo / "objects" / "pack").glob("*.idx")
+    offsets = {line.split()[1]: int(line.split()[0])
+               for line in git.out("show-index", input=idx.read_bytes()).splitlines()}
+    pack = idx.with_suffix(".pack")
+    data = bytearray(pack.read_bytes())
+    data[offsets[blob] + at] ^= 0xFF
+    os.chmod(pack, 0o644)
+    pack.write_bytes(bytes(data))

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, fsck, git_env, repo_state, start_server
+from gitutil import Committer, Git, LiveServer, damage_blob, fsck, git_env, repo_state, start_server
 from offloadkit import c_upload_pack, pack_count, sections
 from rawhttp import DELIM, FLUSH, get_info_refs, metric, parse_pkts, pkt_lines, post_upload_pack, request
 
@@ -339,15 +339,7 @@ def test_a_damaged_blob_is_never_kept_for_other_repositories(
     for dest in (healthy, damaged):
         git.run("clone", "-q", "--bare", "--mirror", "--no-local", f"file://{repo}", str(dest))
         git.run("repack", "-q", "-adb", cwd=dest)
-    blob = git.out("rev-parse", "main:b.bin", cwd=damaged).strip()
-    (idx,) = (damaged / "objects" / "pack").glob("*.idx")
-    offsets = {line.split()[1]: int(line.split()[0])
-               for line in git.out("show-index", input=idx.read_bytes()).splitlines()}
-    pack = idx.with_suffix(".pack")
-    data = bytearray(pack.read_bytes())
-    data[offsets[blob] + 5000] ^= 0xFF  # inside the blob's compressed data
-    os.chmod(pack, 0o644)
-    pack.write_bytes(bytes(data))
+    damage_blob(git, damaged, "main:b.bin", 5000)
     srv = start_server(root, extra_args=[
         "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(tmp_path / "bp")])
 
@@ -365,8 +357,6 @@ def test_a_damaged_blob_is_never_kept_for_other_repositories(
             assert ok.returncode == 0, ok.stderr.decode(errors="replace")
             fsck(git, tmp_path / f"h{n}")
         # The damaged repository repaired from the healthy one: its clones are whole too.
-        pack.unlink()
-        idx.unlink()
         for f in (damaged / "objects" / "pack").iterdir():
             f.unlink()
         for f in (healthy / "objects" / "pack").iterdir():

@@ -32,7 +32,7 @@ from gitspout.server.app.bundleshare import Bundle
 from gitspout.server.app.http import RUNNER_KWARGS, make_app
 from gitspout.server.store.packedrefs import RefSegment
 from gitspout.server.store.refsnapshot import RefSnapshot
-from gitutil import Committer, Git, LiveServer, fsck, git_env, poll, repo_state, start_server
+from gitutil import Committer, Git, LiveServer, damage_blob, fsck, git_env, poll, repo_state, start_server
 from netnskit import SlowProxy
 from offloadkit import new_git
 from rawhttp import FLUSH, metric, parse_pkts, pkt_lines, post_upload_pack, request
@@ -578,15 +578,7 @@ def test_a_bundle_of_a_damaged_pack_is_not_kept(git: Git, tmp_path: Path) -> Non
     repo = root / "repo.git"
     git.run("clone", "-q", "--bare", "--no-local", str(good), str(repo))
     git.run("repack", "-q", "-ad", cwd=repo)
-    blob = git.out("rev-parse", "main:big.bin", cwd=repo).strip()
-    (idx,) = (repo / "objects" / "pack").glob("*.idx")
-    offsets = {line.split()[1]: int(line.split()[0])
-               for line in git.out("show-index", input=idx.read_bytes()).splitlines()}
-    pack = idx.with_suffix(".pack")
-    data = bytearray(pack.read_bytes())
-    data[offsets[blob] + 1000] ^= 0xFF
-    os.chmod(pack, 0o644)
-    pack.write_bytes(bytes(data))
+    damage_blob(git, repo, "main:big.bin", 1000)
     srv = start_server(root, extra_args=[
         "--bundles", "--bundle-after", "1", "--bundle-dir", str(tmp_path / "bundles")])
     try:
