@@ -56,6 +56,8 @@ BLOBPACK_ROUTE = "/gitspout-blobpack/"  # <repo>/gitspout-blobpack/<blob>-<sum>.
 NAME = re.compile(r"([0-9a-f]{40})-([0-9a-f]{40})\.pack")
 GRACE = 3600.0  # seconds a listed pack is kept whatever the cap (a client downloads it)
 COPY = 1 << 20  # bytes copied from the repository's pack at a time
+INFLATE_PIECE = 1 << 20  # bytes of a blob inflated at a time, to check it (_BlobCheck)
+WRITE_WAIT = 30.0  # seconds a download of a pack not held waits for another's write
 
 
 class BlobPackStore:
@@ -88,19 +90,20 @@ class BlobPackStore:
 
     # -- writing ---------------------------------------------------------------
 
-    def keep(self, blob: LargeBlob) -> str | None:
+    def keep(self, blob: LargeBlob, wait: float = 0.0) -> str | None:
         """The checksum of ``blob``'s pack, written now if need be; None when it does not
         fit under --blob-uri-size, or another blob pack is being written (its blob then
-        goes in the fetch's pack: a fetch never waits for another's copy)."""
+        goes in the fetch's pack: a fetch never waits for another's copy). A download of a
+        pack not held waits for the other writer up to ``wait`` seconds."""
         hexid = blob.oid.hex()
         found = self._listed(hexid)
         if found is not None:
             return found
         fd = os.open(os.path.join(self.dir, "write.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            try:  # one writer at a time (and its --blob-uri-size accounting), never waited
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # for: a fetch deciding
-            except BlockingIOError:  # meanwhile keeps the blob in its own pack
+            if not _lock_within(fd, wait):  # one writer at a time (and its
+                # --blob-uri-size accounting); a fetch deciding meanwhile keeps the blob
+                # in its own pack
                 log.debug("blob %s kept in the pack: another blob pack is being written", hexid)
                 return None
             found = self._listed(hexid)
@@ -113,8 +116,9 @@ class BlobPackStore:
         finally:
             os.close(fd)
 
-    def _listed(self, hexid: str) -> str | None:
-        """The checksum of a kept pack of the blob, its listing time renewed."""
+    def _listed(self, hexid: str, renew: bool = True) -> str | None:
+        """The checksum of a kept pack of the blob, its listing time renewed (``renew``:
+        it is being listed to a client)."""
         idpath = os.path.join(self.dir, hexid + ".id")
         try:
             with open(idpath) as fh:
@@ -122,7 +126,8 @@ class BlobPackStore:
             if not NAME.fullmatch(f"{hexid}-{checksum}.pack") or not os.path.exists(
                     os.path.join(self.dir, f"{hexid}-{checksum}.pack")):
                 return None
-            os.utime(idpath)
+            if renew:
+                os.utime(idpath)
         except FileNotFoundError:
             return None
         return checksum
@@ -201,9 +206,9 @@ class BlobPackStore:
             return None
         path = os.path.join(self.dir, name)
         oid = bytes.fromhex(m.group(1))
-        if not may_have_blob(ctx, oid):
-            return None
-        if not os.path.exists(path) and not self._write_named(ctx, oid, m.group(2)):
+        if os.path.exists(path):
+            return path if may_have_blob(ctx, oid) else None
+        if not may_have_blob(ctx, oid) or not self._write_named(ctx, oid, m.group(2)):
             return None
         return path
 
@@ -214,10 +219,13 @@ class BlobPackStore:
         blob is stored as the lister saw it)."""
         if ctx.object_format != "sha1":
             return False
+        held = self._listed(oid.hex(), renew=False)
+        if held is not None:  # another pack of the blob (stored otherwise): not this one,
+            return held == checksum  # and a wrong name renews nothing
         policy = BlobUriPolicy(self.cfg.blob_uri_threshold, self.cfg.blob_uri_size, b"",
                                lambda _blob: None)
         blob = large_blobs(ctx.objects().packs(), policy).get(oid)
-        return blob is not None and self.keep(blob) == checksum
+        return blob is not None and self.keep(blob, wait=WRITE_WAIT) == checksum
 
     def close(self) -> None:
         """Remove every file of a directory of this process's own."""
@@ -225,6 +233,19 @@ class BlobPackStore:
             return
         remove_files(self.dir)
         os.close(self._dir_lock)
+
+
+def _lock_within(fd: int, wait: float) -> bool:
+    """Take ``flock(LOCK_EX)`` on ``fd`` within ``wait`` seconds (0: only if free now)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)  # in the pool: a write of at most --blob-uri-size
 
 
 def blob_base(cfg: Config) -> str:
@@ -249,13 +270,17 @@ class _BlobCheck:
     def feed(self, data: bytes) -> None:
         if self.error is not None:
             return
-        try:
-            out = self.inflater.decompress(data)
+        d = self.inflater
+        try:  # in bounded pieces: 1 MiB of a file of zeros inflates to 1 GiB
+            out = d.decompress(data, INFLATE_PIECE)
+            while True:
+                self.size += len(out)
+                self.hash.update(out)
+                if not d.unconsumed_tail or d.eof:
+                    break
+                out = d.decompress(d.unconsumed_tail, INFLATE_PIECE)
         except zlib.error as exc:
             self.error = f"does not inflate ({exc})"
-            return
-        self.size += len(out)
-        self.hash.update(out)
 
     def fault(self) -> str | None:
         """What is wrong with the data fed, or None."""

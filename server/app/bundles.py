@@ -202,6 +202,7 @@ class BundleStore:
             if bundle is None:
                 return None
             self.files.publish(tag, bundle)
+            self.files.reset_clones(tag)
         finally:
             self.files.unlock(lock)
         if old is not None:

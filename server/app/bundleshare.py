@@ -114,6 +114,11 @@ class BundleFiles:
             json.dump(meta, fh)
         os.replace(tmp, self._meta(tag))
 
+    def reset_clones(self, tag: str) -> None:
+        """A bundle was written: the clones counted before it count for no successor (each
+        is due after ``--bundle-after`` more full clones, not at the next one)."""
+        unlink_quietly(os.path.join(self.dir, tag + ".clones"))
+
     def count_clone(self, tag: str, keep: int, window: float) -> int:
         """Note a full clone now; how many of the last ``keep`` fall in ``window``."""
         now = time.monotonic()

@@ -243,11 +243,13 @@ async def wait_for_producer(directory: str, key: bytes, keepalive: float,
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     while True:
-        try:
-            os.close(_open_locked(path, fcntl.LOCK_SH | fcntl.LOCK_NB))
+        try:  # no lock file: the producer's pack was evicted with it, or it failed
+            os.close(_open_locked(path, fcntl.LOCK_SH | fcntl.LOCK_NB, create=False))
             break
         except BlockingIOError:
             pass
+        except FileNotFoundError:
+            break
         if keepalive > 0 and loop.time() - quiet_since >= keepalive:
             await send_keepalive()
             quiet_since = loop.time()

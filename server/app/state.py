@@ -137,13 +137,15 @@ class ServerState:
         """The request's view of ``repo`` (under ``namespace``), attached to its scope;
         ``base_url`` (scheme and host the client used) for the bundles it may be offered."""
         ctx = self.detached_view(repo, namespace)
-        # The repository's path as a URL path: percent-encoded (a space, '#', '?' or '%'
-        # in a name made URLs that failed, or named another repository).
-        url_path = urllib.parse.quote(repo.url_path, safe="/")
-        if self.bundles is not None and not namespace and base_url:
-            ctx.bundle_offer = self.bundles.offer(base_url, url_path)
-        if self.blob_packs is not None and not namespace and base_url:
-            ctx.blob_uris = self.blob_packs.policy(base_url, url_path)
+        if (self.bundles is not None or self.blob_packs is not None) and not namespace \
+                and base_url:
+            # The repository's path as a URL path: percent-encoded (a space, '#', '?' or
+            # '%' in a name made URLs that failed, or named another repository).
+            url_path = urllib.parse.quote(repo.url_path, safe="/")
+            if self.bundles is not None:
+                ctx.bundle_offer = self.bundles.offer(base_url, url_path)
+            if self.blob_packs is not None:
+                ctx.blob_uris = self.blob_packs.policy(base_url, url_path)
         return scope.attach(ctx)
 
     def detached_view(self, repo: Repo, namespace: bytes = b"") -> RequestContext:

@@ -252,6 +252,7 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
     # sent), for the commits walked against none of them (below).
     edge_trees = [] if cut else list(dict.fromkeys(
         src.commit(p).tree for c in commits for p in src.commit(c).parents if p in bad))
+    paired: set[tuple[bytes, bytes]] = set()  # (tree, edge tree) compared: once a request
     for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)
         base = None
@@ -281,7 +282,7 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
             # pack-objects' sparse walk finds by path across every edge
             # (revision.c mark_trees_uninteresting_sparse). A commit walked against its
             # parent needs none: what it shares with the parent is listed or had already.
-            _mark_same_paths(src, info.tree, edge_trees[:MAX_PATH_PAIRS], walker.have)
+            _mark_same_paths(src, info.tree, edge_trees[:MAX_PATH_PAIRS], walker.have, paired)
         if base is None and last is None and under_had:
             # The first commit of a deepen's walk: against a tree the client has whole, so
             # that what it sends gets the client's versions as delta bases, not none.
@@ -304,13 +305,13 @@ MAX_PATH_PAIRS = 16
 
 
 def _mark_same_paths(src: CommitSource, tree: bytes, had_trees: Sequence[bytes],
-                     have: set[bytes]) -> None:
+                     have: set[bytes], paired: set[tuple[bytes, bytes]]) -> None:
     """Add to ``have`` what ``tree`` holds at a path where one of ``had_trees`` (trees the
     client has whole) holds the same object, descending into the subtrees at a path that
-    both hold and that differ. Reads only trees of paths both sides share."""
+    both hold and that differ. Reads only trees of paths both sides share; a pair of trees
+    in ``paired`` (compared by an earlier call of the same walk) is not compared again."""
     hash_len = src.odb.hash_len
     stack = [(tree, h) for h in had_trees]
-    paired: set[tuple[bytes, bytes]] = set()
     while stack:
         mine, theirs = stack.pop()
         if mine == theirs:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gitutil import Committer, Git, LiveServer, damage_blob, fsck, git_env, repo_state, start_server
+from gitutil import Committer, Git, LiveServer, damage_blob, fsck, git_env, poll, repo_state, start_server
 from offloadkit import c_upload_pack, pack_count, sections
 from rawhttp import DELIM, FLUSH, get_info_refs, metric, parse_pkts, pkt_lines, post_upload_pack, request
 
@@ -459,3 +459,71 @@ def test_any_replica_serves_a_listed_pack(git: Git, tmp_path: Path,
     finally:
         for srv in servers:
             srv.stop()
+
+
+def test_a_download_of_a_pack_not_held_waits_for_another_write(
+        git: Git, tmp_path: Path, bu_root: dict[str, object]) -> None:
+    """The replica asked for a pack it does not hold writes it; while another blob pack is
+    being written there (its lock held: here by the test) it waits for that write, where
+    a fetch deciding would not: a 404 fails the client's whole clone."""
+    import threading
+
+    repo = bu_root["repo"]
+    assert isinstance(repo, Path)
+    main = git.out("rev-parse", "main", cwd=repo).strip()
+    servers = [start_server(bu_root["root"], extra_args=[  # type: ignore[arg-type]
+        "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(tmp_path / f"bp{n}")])
+        for n in range(2)]
+    try:
+        lister, other = servers
+        found, _ = _uris(lister, [main])
+        assert found
+        request(other.port, "GET", "/healthz")
+        # The other replica's blob-pack directory (made at its start): its writers' lock.
+        (blobdir,) = [d for d in (tmp_path / "bp1" / "gitspout-blobpacks").iterdir()
+                      if d.is_dir()]
+        fd = os.open(blobdir / "write.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        got: list[int] = []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            t = threading.Thread(target=lambda: got.append(
+                request(other.port, "GET", _path(lister, found[0]), timeout=60).status))
+            t.start()
+            poll(lambda: metric(other.port, "gitspout_requests_in_flight") == 1, 20,
+                 "the download waiting")
+            assert not got
+        finally:
+            os.close(fd)  # the other write is over
+        t.join(60)
+        assert got == [200]
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def test_checking_a_blob_takes_bounded_memory() -> None:
+    """A blob of zeros compresses a thousandfold: its check inflated each 1 MiB piece of
+    stored data whole (1 GiB); it inflates in bounded pieces."""
+    import tracemalloc
+    import zlib
+    from types import SimpleNamespace
+
+    from gitspout.server.app.blobpacks import _BlobCheck
+
+    size = 256 << 20
+    zeros = bytes(1 << 20)
+    comp = zlib.compressobj(6)
+    stored = b"".join(comp.compress(zeros) for _ in range(size >> 20)) + comp.flush()
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    for _ in range(size >> 20):
+        digest.update(zeros)
+    del zeros
+    check = _BlobCheck(SimpleNamespace(oid=digest.digest(), size=size))  # type: ignore[arg-type]
+    tracemalloc.start()
+    try:
+        check.feed(stored)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert check.fault() is None
+    assert peak < 16 << 20, peak

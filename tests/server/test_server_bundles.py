@@ -599,3 +599,24 @@ def test_a_bundle_of_a_damaged_pack_is_not_kept(git: Git, tmp_path: Path) -> Non
         fsck(git, dest)
     finally:
         srv.stop()
+
+
+def test_the_clones_counted_start_again_after_a_write(git: Git, tmp_path: Path) -> None:
+    """A bundle's successor is due after --bundle-after full clones counted since it was
+    written: the count starts again with each write. It did not, so within
+    --bundle-window the first full clone after any push to a repository of few refs
+    wrote a whole new bundle."""
+    root, work, bdir = tmp_path / "root", tmp_path / "w", tmp_path / "bundles"
+    root.mkdir()
+    git.run("init", "-q", "-b", "main", str(work))
+    Committer(git, work).commit({"f.txt": "x\n"}, "one")
+    git.run("clone", "-q", "--bare", str(work), str(root / "repo.git"))
+    srv = start_server(root, extra_args=["--bundles", "--bundle-after", "2",
+                                         "--bundle-dir", str(bdir)])
+    try:
+        _clone(git, f"{srv.url}/repo.git", tmp_path / "c1")
+        counted = poll(lambda: list(bdir.rglob("*.clones")), 20, "the clone counted")
+        _written(git, srv, "repo.git", tmp_path, 1)
+        poll(lambda: not any(f.exists() for f in counted), 20, "the count started again")
+    finally:
+        srv.stop()
