@@ -229,14 +229,15 @@ def enumerate_objects(
     for oid, type_num in direct:
         if type_num == OBJ_TREE:
             _walk_tree_keep_root(walker, oid)
-    _walk_commit_trees(src, walker, commits, bad, cut, had)
+    _walk_commit_trees(src, walker, commits, bad, cut, had, edges)
     if tag_refs:
         include_tags(_Listed(out), tag_refs, bad | have_objects)
     return Enumeration(out, have_objects, walker.hints, walker.newer)
 
 
 def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[bytes],
-                       bad: Container[bytes], cut: frozenset[bytes], had: set[bytes]) -> None:
+                       bad: Container[bytes], cut: frozenset[bytes], had: set[bytes],
+                       edges: set[bytes]) -> None:
     """The trees of ``commits``, oldest first, each diffed against a tree whose objects
     are listed already or that the client has (its objects' versions there become the
     delta hints of the changed ones)."""
@@ -250,8 +251,7 @@ def _walk_commit_trees(src: CommitSource, walker: _TreeWalk, commits: Sequence[b
     under_had = {p: c for c in had for p in src.commit(c).parents} if cut else {}
     # The client's trees at the walk's edges (its commits that are parents of commits
     # sent), for the commits walked against none of them (below).
-    edge_trees = [] if cut else list(dict.fromkeys(
-        src.commit(p).tree for c in commits for p in src.commit(c).parents if p in bad))
+    edge_trees = [] if cut else list(dict.fromkeys(src.commit(p).tree for p in sorted(edges)))
     paired: set[tuple[bytes, bytes]] = set()  # (tree, edge tree) compared: once a request
     for c in reversed(commits):  # oldest first: a parent's trees are done before its child's
         info = src.commit(c)

@@ -425,12 +425,11 @@ def test_urls_behind_a_trusted_tls_proxy(git: Git, tmp_path: Path,
             srv.stop()
 
 
-def test_any_replica_serves_a_listed_pack(git: Git, tmp_path: Path,
-                                          bu_root: dict[str, object]) -> None:
-    """A fleet without affinity for the blob-pack URLs (round robin, or a replica
-    restarted): the replica asked for a pack another one listed writes it from the
-    repository and serves it, the same bytes. It answered 404, and the clone failed. A
-    name with another checksum, or a blob only a hidden ref reaches, still gets 404."""
+@pytest.fixture
+def replicas(git: Git, tmp_path: Path, bu_root: dict[str, object]
+             ) -> Iterator[tuple[LiveServer, LiveServer, list[re.Match[str]]]]:
+    """Two servers of the same root, each with its own blob-pack directory (bp0, bp1),
+    and the URIs the first listed for a fetch of main."""
     repo = bu_root["repo"]
     assert isinstance(repo, Path)
     main = git.out("rev-parse", "main", cwd=repo).strip()
@@ -438,67 +437,64 @@ def test_any_replica_serves_a_listed_pack(git: Git, tmp_path: Path,
         "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(tmp_path / f"bp{n}")])
         for n in range(2)]
     try:
-        lister, other = servers
-        found, _ = _uris(lister, [main])
+        found, _ = _uris(servers[0], [main])
         assert found
-        for m in found:
-            path = _path(lister, m)
-            mine = request(lister.port, "GET", path)
-            theirs = request(other.port, "GET", path)
-            assert mine.status == theirs.status == 200
-            assert theirs.body == mine.body
-            assert hashlib.sha1(theirs.body[:-20]).hexdigest() == m.group(1) == m.group(4)
-        m = found[0]
-        wrong = _path(lister, m).replace(m.group(4), "0" * 40)
-        assert request(other.port, "GET", wrong).status == 404
-        secret = bu_root["secret"]
-        assert isinstance(secret, str)
-        assert request(other.port, "GET", f"/repo.git/gitspout-blobpack/{secret}-{'1' * 40}.pack"
-                       ).status == 404
-        assert list((tmp_path / "bp1").rglob(f"{secret}*")) == []
+        yield servers[0], servers[1], found
     finally:
         for srv in servers:
             srv.stop()
 
 
+def test_any_replica_serves_a_listed_pack(
+        tmp_path: Path, bu_root: dict[str, object],
+        replicas: tuple[LiveServer, LiveServer, list[re.Match[str]]]) -> None:
+    """A fleet without affinity for the blob-pack URLs (round robin, or a replica
+    restarted): the replica asked for a pack another one listed writes it from the
+    repository and serves it, the same bytes. It answered 404, and the clone failed. A
+    name with another checksum, or a blob only a hidden ref reaches, still gets 404."""
+    lister, other, found = replicas
+    for m in found:
+        path = _path(lister, m)
+        mine = request(lister.port, "GET", path)
+        theirs = request(other.port, "GET", path)
+        assert mine.status == theirs.status == 200
+        assert theirs.body == mine.body
+        assert hashlib.sha1(theirs.body[:-20]).hexdigest() == m.group(1) == m.group(4)
+    m = found[0]
+    wrong = _path(lister, m).replace(m.group(4), "0" * 40)
+    assert request(other.port, "GET", wrong).status == 404
+    secret = bu_root["secret"]
+    assert isinstance(secret, str)
+    assert request(other.port, "GET", f"/repo.git/gitspout-blobpack/{secret}-{'1' * 40}.pack"
+                   ).status == 404
+    assert list((tmp_path / "bp1").rglob(f"{secret}*")) == []
+
+
 def test_a_download_of_a_pack_not_held_waits_for_another_write(
-        git: Git, tmp_path: Path, bu_root: dict[str, object]) -> None:
+        tmp_path: Path, replicas: tuple[LiveServer, LiveServer, list[re.Match[str]]]) -> None:
     """The replica asked for a pack it does not hold writes it; while another blob pack is
     being written there (its lock held: here by the test) it waits for that write, where
     a fetch deciding would not: a 404 fails the client's whole clone."""
     import threading
 
-    repo = bu_root["repo"]
-    assert isinstance(repo, Path)
-    main = git.out("rev-parse", "main", cwd=repo).strip()
-    servers = [start_server(bu_root["root"], extra_args=[  # type: ignore[arg-type]
-        "--blob-uri-threshold", THRESHOLD, "--bundle-dir", str(tmp_path / f"bp{n}")])
-        for n in range(2)]
+    lister, other, found = replicas
+    # The other replica's blob-pack directory (made at its start): its writers' lock.
+    (blobdir,) = [d for d in (tmp_path / "bp1" / "gitspout-blobpacks").iterdir()
+                  if d.is_dir()]
+    fd = os.open(blobdir / "write.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    got: list[int] = []
     try:
-        lister, other = servers
-        found, _ = _uris(lister, [main])
-        assert found
-        request(other.port, "GET", "/healthz")
-        # The other replica's blob-pack directory (made at its start): its writers' lock.
-        (blobdir,) = [d for d in (tmp_path / "bp1" / "gitspout-blobpacks").iterdir()
-                      if d.is_dir()]
-        fd = os.open(blobdir / "write.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        got: list[int] = []
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            t = threading.Thread(target=lambda: got.append(
-                request(other.port, "GET", _path(lister, found[0]), timeout=60).status))
-            t.start()
-            poll(lambda: metric(other.port, "gitspout_requests_in_flight") == 1, 20,
-                 "the download waiting")
-            assert not got
-        finally:
-            os.close(fd)  # the other write is over
-        t.join(60)
-        assert got == [200]
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        t = threading.Thread(target=lambda: got.append(
+            request(other.port, "GET", _path(lister, found[0]), timeout=60).status))
+        t.start()
+        poll(lambda: metric(other.port, "gitspout_requests_in_flight") == 1, 20,
+             "the download waiting")
+        assert not got
     finally:
-        for srv in servers:
-            srv.stop()
+        os.close(fd)  # the other write is over
+    t.join(60)
+    assert got == [200]
 
 
 def test_checking_a_blob_takes_bounded_memory() -> None:
