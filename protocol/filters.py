@@ -81,13 +81,39 @@ class Combine:
 FilterSpec = BlobNone | BlobLimit | TreeDepth | ObjectType | SparseOid | Combine
 
 
+_ULONG_MAX = (1 << 64) - 1
+_SPACE = " \t\n\v\f\r"
+_DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
+
+
 def _parse_ulong(text: str, what: str) -> int:
-    body, unit = text, ""
-    if body and body[-1].lower() in "kmg":
-        body, unit = body[:-1], body[-1].lower()
-    if not body.isascii() or not body.isdigit():
-        raise ClientError(f"invalid filter-spec '{what}': expected a number")
-    return int(body) * _SCALE[unit]
+    """A number as C git's ``git_parse_ulong`` reads it (parse.c): ``strtoumax`` in base 0
+    (leading blanks and ``+``; ``0x`` hexadecimal, a leading ``0`` octal), no ``-``
+    anywhere, then nothing or one of the units ``k``, ``m``, ``g``; at most 2^64 - 1."""
+    bad = f"invalid filter-spec '{what}': expected a number"
+    if "-" in text or not text.isascii():
+        raise ClientError(bad)
+    i = len(text) - len(text.lstrip(_SPACE))
+    if text[i : i + 1] == "+":
+        i += 1
+    base = 10
+    if text[i : i + 2].lower() == "0x" and text[i + 2 : i + 3] and \
+            text[i + 2] in _DIGITS[16]:
+        base, i = 16, i + 2
+    elif text[i : i + 1] == "0":
+        base = 8
+    start = i
+    while i < len(text) and text[i] in _DIGITS[base]:
+        i += 1
+    if i == start:
+        raise ClientError(bad)
+    unit = text[i:].lower()
+    if unit not in _SCALE:
+        raise ClientError(bad)
+    value = int(text[start:i], base) * _SCALE[unit]
+    if value > _ULONG_MAX:
+        raise ClientError(f"invalid filter-spec '{what}': out of range")
+    return value
 
 
 def _percent_decode(text: str) -> str:

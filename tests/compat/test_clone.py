@@ -98,7 +98,10 @@ FILTER_SPECS = [(v, spec) for spec in ["blob:none", "blob:limit=1k", "tree:0", "
 # Every other filter the bitmaps answer (basic.git) as the walk does (plain.git), over v2.
 FILTER_SPECS += [("2", spec) for spec in ["blob:limit=0", "object:type=tree", "object:type=blob",
                                           "object:type=tag", "combine:tree:0+blob:limit=1k",
-                                          "combine:blob:limit=1k+object:type=blob"]]
+                                          "combine:blob:limit=1k+object:type=blob",
+                                          # a number as C git reads it: hexadecimal (a
+                                          # client sends a combine:'s parts as written)
+                                          "combine:blob:limit=0x400+tree:3"]]
 
 
 @pytest.mark.parametrize("repo", ["basic.git", "plain.git"])

@@ -31,6 +31,15 @@ from gitspout.protocol.filters import (
         ("blob:limit=2g", BlobLimit(2 << 30)),
         ("blob:limit=2G", BlobLimit(2 << 30)),
         ("blob:limit=007", BlobLimit(7)),
+        # C git reads the number with strtoumax in base 0 (parse.c git_parse_unsigned)
+        ("blob:limit=010", BlobLimit(8)),
+        ("blob:limit=0x10", BlobLimit(16)),
+        ("blob:limit=0X1fk", BlobLimit(31 << 10)),
+        ("blob:limit=+1", BlobLimit(1)),
+        ("blob:limit= \t5", BlobLimit(5)),
+        ("blob:limit=18446744073709551615", BlobLimit((1 << 64) - 1)),
+        ("blob:limit=16777215g", BlobLimit(((1 << 24) - 1) << 30)),
+        ("tree:0x2", TreeDepth(2)),
         ("tree:0", TreeDepth(0)),
         ("tree:3", TreeDepth(3)),
         ("tree:1k", TreeDepth(1024)),
@@ -68,12 +77,18 @@ def test_parse(text: str, spec: object) -> None:
         "blob:limit=",
         "blob:limit=k",
         "blob:limit=-1",
-        "blob:limit=+1",
         "blob:limit=1t",
         "blob:limit=1kb",
         "blob:limit=1 ",
-        "blob:limit=0x10",
         "blob:limit=1.5",
+        "blob:limit=08",
+        "blob:limit=0x",
+        "blob:limit=+",
+        "blob:limit=++1",
+        "blob:limit=1-",
+        "blob:limit=18446744073709551616",
+        "blob:limit=99999999999999999999",
+        "blob:limit=17179869184g",
         "blob:limit=\u0661",  # ARABIC-INDIC DIGIT ONE: isdigit() but not ASCII
         "tree:",
         "tree:x",
@@ -181,3 +196,48 @@ def test_specs_are_frozen_and_hashable() -> None:
     assert len({BlobNone(), BlobNone(), BlobLimit(1), BlobLimit(1)}) == 2
     with pytest.raises(AttributeError):
         BlobLimit(1).limit = 2  # type: ignore[misc]
+
+
+# Numbers C git reads one way or refuses; each also in a unit. C git's own parser is the
+# ground truth: ``git rev-list --filter`` reads the spec as upload-pack does.
+GROUND_TRUTH_NUMBERS = ["0x10", "0X11", "+9", " 9", "\t9", "010", "011", "08", "0x", "0xg", "+",
+                        "++1", "1-", "-0", "0", "00", "17", "017k", "0x1k", "9 ", "9kb", "9t",
+                        "18446744073709551615", "18446744073709551616", "16777215g",
+                        "16777216g", "17179869183g", "17179869184g", "99999999999999999999"]
+
+
+def test_numbers_read_as_c_git_reads_them(tmp_path) -> None:
+    """Accepted exactly when C git accepts; and read as the same number: with blobs of
+    8 to 18 bytes, ``blob:limit=<n>`` omits what C git omits (blobs of n bytes or more)."""
+    import subprocess
+
+    env = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(tmp_path / "r"), *args], capture_output=True,
+                              text=True, env=env, timeout=60)
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "r")], check=True, env=env)
+    sizes = {}
+    for n in range(8, 19):
+        (tmp_path / "r" / f"f{n}").write_bytes(b"x" * (n - 1) + b"\n")
+    git("add", ".")
+    git("-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", "m")
+    for line in git("ls-tree", "-l", "HEAD").stdout.splitlines():
+        meta, _, name = line.partition("\t")
+        sizes[meta.split()[2]] = int(meta.split()[3])
+    checked = 0
+    for number in GROUND_TRUTH_NUMBERS:
+        text = f"blob:limit={number}"
+        theirs = git("rev-list", "--objects", f"--filter={text}", "HEAD")
+        try:
+            ours = parse_filter_spec(text)
+        except ClientError:
+            assert theirs.returncode != 0, f"{text!r}: C git accepts it, we refuse it"
+            continue
+        assert theirs.returncode == 0, f"{text!r}: C git refuses it ({theirs.stderr.strip()})"
+        assert isinstance(ours, BlobLimit)
+        kept = {line.split()[0] for line in theirs.stdout.splitlines()} & sizes.keys()
+        assert kept == {oid for oid, size in sizes.items() if size < ours.limit}, text
+        checked += 1
+    assert checked >= 10
