@@ -13,7 +13,10 @@ the refs it holds if that is fewer, it is stale: no longer offered. A bundle tha
 or that a full clone's view may not be offered (a ref it holds hidden, deleted or
 force-pushed away, the repository made anew at its path), is replaced as a missing one
 would be: the next ``--bundle-after`` full clones write its successor (the next creation
-token), from the visible refs then. Whether a bundle is stale
+token), from the visible refs then. A client offered a bundle just before it was replaced
+may still download it for ``GRACE`` seconds (it would otherwise fetch everything): a
+stale or replaced bundle is served, though no longer offered, to a request that may have
+it, by the same rule (its refs visible, its tips reached). Whether a bundle is stale
 and may be offered is decided once per ref state and kept (``_verdict``), under a digest of
 the state (core/refdigest.py) and a weak reference to the bundle: a verdict kept for a
 repository never keeps its refs (100k refs: megabytes) or an old bundle's alive.
@@ -29,6 +32,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,6 +57,9 @@ log = logging.getLogger("gitspout")
 
 BUNDLE_ROUTE = "/gitspout-bundle/"  # <repo>/gitspout-bundle/<file>: served here
 REPOS_SWEEP = 4096  # repositories with a verdict kept before all are forgotten
+# How long a replaced bundle is still served (not offered): the time between a client's
+# bundle-uri command and its download (a download that started keeps its open file).
+GRACE = 600.0
 HEADER = b"# v2 git bundle\n"  # gitformat-bundle: v2 for sha1 (v3 adds capabilities)
 
 
@@ -144,30 +151,40 @@ class BundleStore:
         bundle = self.files.current(tag)
         if bundle is None or ctx.namespace:
             return None
-        stale, offer = self._verdict(tag, ctx, bundle)
-        return bundle if offer and not stale else None
+        stale, allowed = self._verdict(tag, ctx, bundle)
+        return bundle if allowed and not stale else None
 
     def _verdict(self, tag: str, ctx: RequestContext, bundle: Bundle) -> tuple[bool, bool]:
-        """(stale, may be offered) of ``bundle`` for this request's ref state, computed
-        once per ref state (and bundle): the visible refs of 100k refs take 0.1 s."""
+        """(stale, this request may have it) of ``bundle`` for this request's ref state,
+        computed once per ref state (and bundle): the visible refs of 100k refs take
+        0.1 s."""
         key = ref_state_digest(ctx)  # changes with any ref, HEAD or hideRefs
         with self._lock:
-            hit = self._verdicts.get(tag)
+            hit = self._verdicts.get(bundle.path)
         if hit is not None and hit[0] == key and hit[1]() is bundle:
             return hit[2], hit[3]
         moved = refs_moved(bundle.refs, bundle_refs(ctx))
         stale = moved >= stale_after(self.cfg.bundle_refresh_refs, len(bundle.refs))
-        offer = not stale and may_offer(ctx, bundle.refs)
+        allowed = may_offer(ctx, bundle.refs)
         with self._lock:
             if len(self._verdicts) >= REPOS_SWEEP:
                 self._verdicts.clear()
-            self._verdicts[tag] = (key, weakref.ref(bundle), stale, offer)
-        return stale, offer
+            self._verdicts[bundle.path] = (key, weakref.ref(bundle), stale, allowed)
+        return stale, allowed
 
     def file_for(self, ctx: RequestContext, name: str) -> Bundle | None:
-        """The bundle called ``name`` of this repository, if this request may have it."""
-        bundle = self.usable(ctx)
-        return bundle if bundle is not None and bundle.name == name else None
+        """The bundle called ``name`` of this repository, if this request may have it: the
+        current one, stale or not, or the one it replaced, for ``GRACE`` seconds."""
+        if ctx.namespace:
+            return None
+        tag = self.files.tag(ctx.repo.gitdir)
+        bundle = self.files.current(tag)
+        if bundle is None or bundle.name != name:
+            previous = self.files.previous(tag)
+            if previous is None or previous[0].name != name or time.time() >= previous[1]:
+                return None
+            bundle = previous[0]
+        return bundle if self._verdict(tag, ctx, bundle)[1] else None
 
     # -- writing (pool) --------------------------------------------------------
 
@@ -177,7 +194,7 @@ class BundleStore:
         The bundle written, if this call wrote one."""
         tag = self.files.tag(ctx.repo.gitdir)
         bundle = self.files.current(tag)
-        if bundle is not None and self._verdict(tag, ctx, bundle)[1]:
+        if bundle is not None and self._offerable(tag, ctx, bundle):
             return None  # a fresh one that may be offered: nothing to count
         # None, stale, or one that can no longer be offered (a ref it holds hidden, or a
         # tip no visible ref reaches): replaced as a missing one would be. ``ctx`` is a
@@ -196,16 +213,21 @@ class BundleStore:
             return None  # another worker (or thread) writes it
         try:
             old = self.files.current(tag)
-            if old is not None and self._verdict(tag, ctx, old)[1]:
+            if old is not None and self._offerable(tag, ctx, old):
                 return None  # written by another while this one waited
             bundle = self._write(ctx, tag, old.token + 1 if old is not None else 1)
             if bundle is None:
                 return None
-            self.files.publish(tag, bundle)
+            # The one replaced is served a while to who was offered it, if it may be.
+            older = self.files.previous(tag)
+            kept = old if old is not None and self._verdict(tag, ctx, old)[1] else None
+            self.files.publish(tag, bundle, kept, time.time() + GRACE)
             self.files.reset_clones(tag)
         finally:
             self.files.unlock(lock)
-        if old is not None:
+        if older is not None:
+            unlink_quietly(older[0].path)
+        if old is not None and kept is None:
             unlink_quietly(old.path)
         self._evict(keep=tag)
         self.metrics.bundles_written.inc()
@@ -253,15 +275,29 @@ class BundleStore:
             raise
         return Bundle(token, path, tuple(refs), size)
 
+    def _offerable(self, tag: str, ctx: RequestContext, bundle: Bundle) -> bool:
+        stale, allowed = self._verdict(tag, ctx, bundle)
+        return allowed and not stale
+
     def _evict(self, keep: str) -> None:
-        """Oldest bundles of other repositories go until all fit in --bundle-size (every
-        worker's: the directory is one)."""
-        held = sorted(self.files.held(), key=lambda h: h[1].written)
-        total = sum(b.size for _, b in held)
-        for tag, bundle in held:
+        """Replaced bundles whose time is over go; then, until all fit in --bundle-size,
+        the other replaced ones, then the oldest current bundles of other repositories
+        (every worker's: the directory is one)."""
+        now = time.time()
+        held = []
+        for tag, bundle, until in self.files.held():
+            if until is not None and until <= now:
+                unlink_quietly(bundle.path)
+            else:
+                held.append((until is None, bundle.written, tag, bundle))
+        total = sum(h[3].size for h in held)
+        for current, _, tag, bundle in sorted(held, key=lambda h: h[:2]):
             if total <= self.cfg.bundle_size:
                 break
-            if tag != keep:
+            if not current:
+                total -= bundle.size
+                unlink_quietly(bundle.path)
+            elif tag != keep:
                 total -= bundle.size
                 self.files.drop(tag, bundle)
 

@@ -6,7 +6,10 @@ A repository's files, named by a digest ``TAG`` of its git directory:
 - ``TAG-TOKEN.bundle``: a bundle, written as ``.tmp`` and renamed whole.
 - ``TAG.json``: the current bundle (token, file name, refs, size, when written), replaced
   atomically (``rename``) once its bundle is complete: whoever reads it finds a whole
-  bundle, or a 404 if it was replaced or evicted between the read and the open.
+  bundle, or a 404 if it was replaced or evicted between the read and the open. It also
+  names the bundle it replaced, and until when that one is still served to a client that
+  was offered it just before (bundles.py ``GRACE``); that file is removed at the next
+  replacement, or at an eviction once its time is over.
 - ``TAG.lock``: the writer's exclusive ``flock``, taken without waiting: one writer per
   repository across processes; another that finds it held leaves the bundle to it. The
   lock file, one per repository, is never removed while the directory lives: one unlinked
@@ -25,6 +28,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from .cachedir import remove_files, unlink_quietly
 
@@ -53,7 +57,9 @@ class BundleFiles:
 
     def __init__(self, directory: str) -> None:
         self.dir = directory
-        self._read: dict[str, tuple[tuple[int, int, int], Bundle]] = {}  # TAG -> by stat
+        # TAG -> (stat, current, (previous, served until) or None)
+        self._read: dict[str, tuple[tuple[int, int, int], Bundle,
+                                    tuple[Bundle, float] | None]] = {}
 
     @staticmethod
     def tag(gitdir: str) -> str:
@@ -64,6 +70,16 @@ class BundleFiles:
 
     def current(self, tag: str) -> Bundle | None:
         """The repository's published bundle, or None: one stat when it was read before."""
+        read = self._load(tag)
+        return read[0] if read is not None else None
+
+    def previous(self, tag: str) -> tuple[Bundle, float] | None:
+        """The bundle the current one replaced, and until when (``time.time()``) it is
+        served; None when there is none."""
+        read = self._load(tag)
+        return read[1] if read is not None else None
+
+    def _load(self, tag: str) -> tuple[Bundle, tuple[Bundle, float] | None] | None:
         path = self._meta(tag)
         try:
             st = os.stat(path)
@@ -73,21 +89,26 @@ class BundleFiles:
         sig = (st.st_ino, st.st_mtime_ns, st.st_size)
         hit = self._read.get(tag)
         if hit is not None and hit[0] == sig:
-            return hit[1]
+            return hit[1], hit[2]
         try:
             with open(path, "rb") as fh:
                 raw = json.loads(fh.read())
-            bundle = Bundle(int(raw["token"]), os.path.join(self.dir, raw["name"]),
-                            tuple((n.encode(), o.encode()) for n, o in raw["refs"]),
-                            int(raw["size"]), float(raw["written"]))
+            bundle = self._bundle(raw)
+            prev = raw.get("previous")
+            previous = (self._bundle(prev), float(prev["until"])) if prev else None
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # half a file of a writer that died cannot be: it is renamed whole
         if len(self._read) >= 4096:
             self._read.clear()
-        self._read[tag] = (sig, bundle)
-        return bundle
+        self._read[tag] = (sig, bundle, previous)
+        return bundle, previous
+
+    def _bundle(self, raw: Any) -> Bundle:
+        return Bundle(int(raw["token"]), os.path.join(self.dir, str(raw["name"])),
+                      tuple((n.encode(), o.encode()) for n, o in raw["refs"]),
+                      int(raw["size"]), float(raw["written"]))
 
     def lock(self, tag: str) -> int | None:
         """The writer's lock of ``tag`` (a descriptor to :meth:`unlock`), or None when
@@ -104,11 +125,13 @@ class BundleFiles:
     def unlock(fd: int) -> None:
         os.close(fd)
 
-    def publish(self, tag: str, bundle: Bundle) -> None:
-        """The bundle's file is complete: make it the current one (under the lock)."""
-        meta = {"token": bundle.token, "name": bundle.name, "size": bundle.size,
-                "written": bundle.written,
-                "refs": [[n.decode(), o.decode()] for n, o in bundle.refs]}
+    def publish(self, tag: str, bundle: Bundle, previous: Bundle | None = None,
+                until: float = 0.0) -> None:
+        """The bundle's file is complete: make it the current one (under the lock), the
+        one it replaces (``previous``) served until ``until``."""
+        meta: dict[str, object] = _fields(bundle)
+        if previous is not None:
+            meta["previous"] = {**_fields(previous), "until": until}
         tmp = self._meta(tag) + f".{os.getpid()}"
         with open(tmp, "w") as fh:
             json.dump(meta, fh)
@@ -136,23 +159,36 @@ class BundleFiles:
         finally:
             os.close(fd)
 
-    def held(self) -> list[tuple[str, Bundle]]:
-        """Every repository's current bundle in the directory (for eviction)."""
-        out = []
+    def held(self) -> list[tuple[str, Bundle, float | None]]:
+        """Every bundle file in the directory (for eviction): each repository's current
+        one (``None``), and the one it replaced with the time it is served until."""
+        out: list[tuple[str, Bundle, float | None]] = []
         for name in os.listdir(self.dir):
             if name.endswith(".json"):
                 tag = name[:-len(".json")]
-                bundle = self.current(tag)
-                if bundle is not None:
-                    out.append((tag, bundle))
+                read = self._load(tag)
+                if read is not None:
+                    out.append((tag, read[0], None))
+                    if read[1] is not None:
+                        out.append((tag, read[1][0], read[1][1]))
         return out
 
     def drop(self, tag: str, bundle: Bundle) -> None:
-        """Unpublish ``bundle`` if it is still the current one, and remove its file."""
-        if self.current(tag) == bundle:
+        """Unpublish ``bundle`` if it is still the current one (with the one it replaced),
+        and remove its file."""
+        read = self._load(tag)
+        if read is not None and read[0] == bundle:
             unlink_quietly(self._meta(tag))
+            if read[1] is not None:
+                unlink_quietly(read[1][0].path)
         unlink_quietly(bundle.path)
 
     def close(self) -> None:
         """Remove every file (a directory of this process's own)."""
         remove_files(self.dir)
+
+
+def _fields(bundle: Bundle) -> dict[str, object]:
+    return {"token": bundle.token, "name": bundle.name, "size": bundle.size,
+            "written": bundle.written,
+            "refs": [[n.decode(), o.decode()] for n, o in bundle.refs]}

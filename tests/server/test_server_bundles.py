@@ -32,7 +32,18 @@ from gitspout.server.app.bundleshare import Bundle
 from gitspout.server.app.http import RUNNER_KWARGS, make_app
 from gitspout.server.store.packedrefs import RefSegment
 from gitspout.server.store.refsnapshot import RefSnapshot
-from gitutil import Committer, Git, LiveServer, damage_blob, fsck, git_env, poll, repo_state, start_server
+from gitutil import (
+    Committer,
+    Git,
+    LiveServer,
+    damage_blob,
+    fsck,
+    git_env,
+    objects_received,
+    poll,
+    repo_state,
+    start_server,
+)
 from netnskit import SlowProxy
 from offloadkit import new_git
 from rawhttp import FLUSH, metric, parse_pkts, pkt_lines, post_upload_pack, request
@@ -195,7 +206,8 @@ def test_hidden_and_stale(git: Git, tmp_path: Path, b_root: Path, b_server: Live
         _clone(git, f"{b_server.url}/moving.git", tmp_path / f"again{n}")
     newer = poll(lambda: _bundle_list(b_server, "moving.git") or None, 20, "a new bundle")
     assert [v for k, v in newer.items() if k.endswith(".creationtoken")] == ["2"]
-    assert request(b_server.port, "GET", path).status == 404  # the old one is gone
+    # The one replaced is still served a while (to a client offered it just before).
+    assert request(b_server.port, "GET", path).status == 200
 
 
 def test_base_url_and_namespace(git: Git, tmp_path: Path, b_root: Path,
@@ -460,6 +472,8 @@ def test_a_bundle_that_can_no_longer_be_offered_is_rewritten(
     git.run("update-ref", "refs/heads/topic", "refs/heads/main", cwd=repo)
     assert _bundle_list(d_server, "stuck.git") == {}
     third = _next_bundle(git, d_server, "stuck.git", tmp_path / "c3", "3")
+    # Replaced, and not served in its grace either: a tip of it is reachable no more.
+    assert request(d_server.port, "GET", _path(d_server, second)).status == 404
     ref = tmp_path / "ref"
     git.run("clone", "-q", "--no-local", f"file://{repo}", str(ref))
     dest = tmp_path / "c4"
@@ -501,7 +515,6 @@ def test_a_bundle_of_few_refs_goes_stale(git: Git, tmp_path: Path, d_root: Path,
     git.run("push", "-q", str(repo), "main:b1", cwd=work)
     assert _bundle_list(d_server, "few.git") == {}  # two: stale
     second = _next_bundle(git, d_server, "few.git", tmp_path / "c2", "2")
-    assert request(d_server.port, "GET", _path(d_server, first)).status == 404
     bundle = tmp_path / "b2.bundle"
     subprocess.run(["curl", "-sf", "-o", str(bundle), next(
         v for k, v in second.items() if k.endswith(".uri"))], check=True, timeout=60)
@@ -549,6 +562,8 @@ def test_a_ref_hidden_after_the_bundle_was_written_withdraws_it(
     second = poll(lambda: (listed := _bundle_list(d_server, "leak.git"))
                   and _token(listed) == "2" and listed, 20, "bundle 2 offered")
     assert _heads(git, d_server, second, tmp_path / "b2") == ["refs/heads/main"]
+    # Replaced now, but never served again: it names the hidden ref.
+    assert request(d_server.port, "GET", path).status == 404
     if newer is None:
         pytest.skip("transfer.bundleURI needs a git >= 2.41 (GITSPOUT_TEST_NEW_GIT)")
     served = metric(d_server.port, 'gitspout_bundle_requests_total{result="served"}', 0)
@@ -620,5 +635,65 @@ def test_the_clones_counted_start_again_after_a_write(git: Git, tmp_path: Path) 
         counted = poll(lambda: list(bdir.rglob("*.clones")), 20, "the clone counted")
         _written(git, srv, "repo.git", tmp_path, 1)
         poll(lambda: not any(f.exists() for f in counted), 20, "the count started again")
+    finally:
+        srv.stop()
+
+
+def test_a_replaced_bundle_is_served_a_while(git: Git, tmp_path: Path) -> None:
+    """A client offered a bundle just before it was replaced (a push made it stale, the
+    next full clone wrote its successor) still downloads it, and fetches only what is
+    newer: before, it got a 404 and fetched everything. One replaced bundle is kept per
+    repository, and it goes with the next replacement; a stale bundle not yet replaced
+    is served too (not offered). It is served by the rule that serves the current one:
+    once a ref in it is hidden, it is not."""
+    root, bundles = tmp_path / "root", tmp_path / "bundles"
+    root.mkdir()
+    bundles.mkdir()
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(30):
+        c.commit({"f.txt": f"{i}\n" * 50, f"d/{i}.txt": f"{i}\n"}, f"c{i}")
+    git.run("branch", "side", "HEAD~3", cwd=work)
+    repo = root / "grace.git"
+    git.run("clone", "-q", "--bare", str(work), str(repo))
+    srv = start_server(root, extra_args=["--bundles", "--bundle-after", "1",
+                                         "--bundle-dir", str(bundles)])
+    try:
+        first = _next_bundle(git, srv, "grace.git", tmp_path / "c1", "1")
+
+        def push(n: int) -> None:  # both refs move: stale (a quarter of 2 refs is 1)
+            c.commit({"f.txt": f"new {n}\n"}, f"n{n}")
+            git.run("push", "-q", "-f", str(repo), "main", "main:side", cwd=work)
+
+        push(1)
+        assert _bundle_list(srv, "grace.git") == {}
+        assert request(srv.port, "GET", _path(srv, first)).status == 200  # stale, served
+        second = _next_bundle(git, srv, "grace.git", tmp_path / "c2", "2")
+        served = metric(srv.port, 'gitspout_bundle_requests_total{result="served"}', 0)
+        # A clone with the replaced bundle's URI, as a client offered it just before.
+        ref = tmp_path / "ref"
+        git.run("clone", "-q", "--bare", f"file://{repo}", str(ref))
+        dest = tmp_path / "late"
+        trace = tmp_path / "trace.pack"
+        got = objects_received(git, ["-c", "protocol.version=2", "clone", "-q", "--bare",
+                                     f"--bundle-uri={first['bundle.gitspout-1.uri']}",
+                                     f"{srv.url}/grace.git", str(dest)], tmp_path, trace)
+        assert metric(srv.port, 'gitspout_bundle_requests_total{result="served"}') \
+            == served + 1
+        fsck(git, dest)
+        assert _refs(git, dest) == _refs(git, ref)
+        total = int(git.out("rev-list", "--all", "--objects", "--count", cwd=repo))
+        assert got < total // 2, f"{got} of {total} objects fetched: the bundle was not used"
+        # The next replacement removes it: one replaced bundle kept.
+        push(2)
+        _next_bundle(git, srv, "grace.git", tmp_path / "c3", "3")
+        assert request(srv.port, "GET", _path(srv, first)).status == 404
+        assert request(srv.port, "GET", _path(srv, second)).status == 200
+        assert sorted(p.name.split("-", 1)[1] for p in bundles.rglob("*.bundle")) \
+            == ["2.bundle", "3.bundle"]
+        # A ref of it hidden: not served, whatever its tips.
+        git.run("config", "uploadpack.hideRefs", "refs/heads/side", cwd=repo)
+        assert request(srv.port, "GET", _path(srv, second)).status == 404
     finally:
         srv.stop()
