@@ -9,7 +9,9 @@ directory under ``--bundle-size``, served at a stable URL with ``Range`` and ``s
 A bundle is offered, and served, only to a request whose visible refs reach every tip in
 it (``core/bundlerefs.py``): never under a namespace, never once a ref it holds is hidden
 (whatever its tip). Once refs have moved by ``--bundle-refresh-refs``, or by a quarter of
-the refs it holds if that is fewer, it is stale: no longer offered. A bundle that is stale,
+the refs it holds if that is fewer, it is stale: no longer offered; so it is too once it is
+``--bundle-refresh-age`` old and any ref moved (a repository of many tags where only
+``main`` moves would otherwise keep its first bundle for good). A bundle that is stale,
 or that a full clone's view may not be offered (a ref it holds hidden, deleted or
 force-pushed away, the repository made anew at its path), is replaced as a missing one
 would be: the next ``--bundle-after`` full clones write its successor (the next creation
@@ -29,6 +31,7 @@ files, the clone counts and the writer's lock live in one directory of the maste
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -120,7 +123,7 @@ class BundleStore:
         # (its latest ref state), so a bundle-uri command costs a stat and a lookup. Keyed
         # by a digest of the state, not the state (whose segments hold every ref), and
         # the bundle weakly: an entry is ~200 bytes, however many refs the repository has.
-        self._verdicts: dict[str, tuple[bytes, weakref.ref[Bundle], bool, bool]] = {}
+        self._verdicts: dict[str, tuple[bytes, weakref.ref[Bundle], bool, bool, float]] = {}
         self._lock = threading.Lock()
 
     # -- offering (pool) -------------------------------------------------------
@@ -157,19 +160,25 @@ class BundleStore:
     def _verdict(self, tag: str, ctx: RequestContext, bundle: Bundle) -> tuple[bool, bool]:
         """(stale, this request may have it) of ``bundle`` for this request's ref state,
         computed once per ref state (and bundle): the visible refs of 100k refs take
-        0.1 s."""
+        0.1 s. A fresh verdict of moved refs is kept until the bundle's age makes it
+        stale."""
         key = ref_state_digest(ctx)  # changes with any ref, HEAD or hideRefs
+        now = time.time()
         with self._lock:
             hit = self._verdicts.get(bundle.path)
-        if hit is not None and hit[0] == key and hit[1]() is bundle:
+        if hit is not None and hit[0] == key and hit[1]() is bundle and now < hit[4]:
             return hit[2], hit[3]
         moved = refs_moved(bundle.refs, bundle_refs(ctx))
-        stale = moved >= stale_after(self.cfg.bundle_refresh_refs, len(bundle.refs))
+        age = self.cfg.bundle_refresh_age
+        stale_at = bundle.written + age if moved and age else math.inf
+        stale = moved >= stale_after(self.cfg.bundle_refresh_refs, len(bundle.refs)) \
+            or now >= stale_at
         allowed = may_offer(ctx, bundle.refs)
         with self._lock:
             if len(self._verdicts) >= REPOS_SWEEP:
                 self._verdicts.clear()
-            self._verdicts[bundle.path] = (key, weakref.ref(bundle), stale, allowed)
+            self._verdicts[bundle.path] = (key, weakref.ref(bundle), stale, allowed,
+                                           math.inf if stale else stale_at)
         return stale, allowed
 
     def file_for(self, ctx: RequestContext, name: str) -> Bundle | None:

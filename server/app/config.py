@@ -264,6 +264,12 @@ class Config:
                           "this many refs: a quarter of its refs, rounded up)",
                   "group": "offload"},
     )
+    bundle_refresh_age: float = field(
+        default=86400.0,
+        metadata={"help": "seconds after which a bundle is stale if any ref moved since it "
+                          "was written, however few (0: never by age alone)",
+                  "group": "offload"},
+    )
     bundle_base_url: str = field(
         default="",
         metadata={"help": "advertise bundles under this URL (a CDN or object store the "
@@ -578,6 +584,8 @@ def _validate(cfg: Config) -> None:
 def _validate_bundles(cfg: Config) -> None:
     if cfg.bundle_after < 1 or cfg.bundle_refresh_refs < 1:
         raise ConfigError("bundle_after and bundle_refresh_refs must be 1 or more")
+    if not math.isfinite(cfg.bundle_refresh_age) or cfg.bundle_refresh_age < 0:
+        raise ConfigError("bundle_refresh_age must be a number of seconds, 0 or more")
     if not math.isfinite(cfg.bundle_window) or cfg.bundle_window <= 0:
         raise ConfigError("bundle_window must be a number of seconds above 0")
     if cfg.blob_uri_threshold < 0 or cfg.blob_uri_size < 0:

@@ -697,3 +697,43 @@ def test_a_replaced_bundle_is_served_a_while(git: Git, tmp_path: Path) -> None:
         assert request(srv.port, "GET", _path(srv, second)).status == 404
     finally:
         srv.stop()
+
+
+def test_a_bundle_goes_stale_with_age_once_a_ref_moved(git: Git, tmp_path: Path) -> None:
+    """With ``--bundle-refresh-age``, a bundle of many refs of which one moved (``main``,
+    by many pushes: one moved ref) is stale once it is that old, and the next full clone
+    writes its successor; one whose refs did not move stays offered whatever its age.
+    Before, such a repository (40 tags, one branch moving) kept its first bundle for
+    good: it never had 11 refs to move."""
+    root = tmp_path / "root"
+    root.mkdir()
+    work = tmp_path / "w"
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
+    for i in range(40):
+        git.run("tag", f"t{i:02}", "HEAD~1", cwd=work)
+    for name in ("moving.git", "still.git"):
+        git.run("clone", "-q", "--bare", str(work), str(root / name))
+    srv = start_server(root, extra_args=["--bundles", "--bundle-after", "1",
+                                         "--bundle-refresh-age", "3",
+                                         "--bundle-dir", str(tmp_path / "bundles")])
+    try:
+        still = _next_bundle(git, srv, "still.git", tmp_path / "s1", "1")
+        first = _next_bundle(git, srv, "moving.git", tmp_path / "c1", "1")
+        for n in range(3):
+            c.commit({"f.txt": f"new {n}\n"}, f"n{n}")
+            git.run("push", "-q", str(root / "moving.git"), "main", cwd=work)
+        assert _bundle_list(srv, "moving.git") == first  # one moved ref of 41: fresh
+        poll(lambda: _bundle_list(srv, "moving.git") == {}, 20, "the bundle stale by age")
+        second = _next_bundle(git, srv, "moving.git", tmp_path / "c2", "2")
+        main = git.out("rev-parse", "main", cwd=work).strip()
+        bundle = tmp_path / "b2.bundle"
+        subprocess.run(["curl", "-sf", "-o", str(bundle), second["bundle.gitspout-2.uri"]],
+                       check=True, timeout=60)
+        assert f"{main} refs/heads/main" in git.out("bundle", "list-heads", str(bundle))
+        # still.git's bundle is older than the age now, and none of its refs moved.
+        assert _bundle_list(srv, "still.git") == still
+    finally:
+        srv.stop()
