@@ -173,7 +173,8 @@ class Access:
         stored = self._users.get(user)
         try:
             # bcrypt compares in constant time; an unknown user is checked all the same
-            ok = bcrypt.checkpw(password.encode(), stored or self._dummy) and stored is not None
+            ok = bcrypt.checkpw(bcrypt_input(password), stored or self._dummy) \
+                and stored is not None
         except ValueError:  # no users at all, or a hash bcrypt cannot read
             ok = False
         if ok:
@@ -203,7 +204,7 @@ def _credentials(authorization: str) -> tuple[str, str]:
     try:
         raw = base64.b64decode(blob.strip(), validate=True)
         user, sep, password = raw.decode("utf-8").partition(":")
-    except (binascii.Error, UnicodeDecodeError):
+    except (binascii.Error, ValueError):  # ValueError: a non-ASCII byte in the base64
         raise AuthDenied(401, "malformed credentials") from None
     if not sep or not user:
         raise AuthDenied(401, "malformed credentials")
@@ -270,7 +271,21 @@ def repo_name(gitdir: str, root: str) -> str:
     return rel[: -len("/.git")] if rel.endswith("/.git") else rel
 
 
+# bcrypt reads at most 72 bytes of a password: bcrypt 5 refuses more, older ones ignore
+# the rest (a long token would be checked by its first 72 bytes only).
+BCRYPT_MAX = 72
+
+
+def bcrypt_input(password: str) -> bytes:
+    """What bcrypt hashes for ``password``: its UTF-8 bytes, or, past 72 bytes (a long
+    token, a JWT), the base64 of their SHA-256, so that every byte of it counts."""
+    raw = password.encode()
+    if len(raw) <= BCRYPT_MAX:
+        return raw
+    return base64.b64encode(sha256(raw).digest())
+
+
 def hash_password(password: str, rounds: int = 12) -> str:
     """A bcrypt hash for the auth file (ConfigError without bcrypt)."""
     bcrypt = _bcrypt()
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds)).decode()
+    return bcrypt.hashpw(bcrypt_input(password), bcrypt.gensalt(rounds)).decode()

@@ -335,13 +335,16 @@ async def listen(runner: web.BaseRunner, guard: ConnectionGuard, host: str, port
 
 
 def describe_bad_request(exc: HttpProcessingError) -> str:
-    """aiohttp's parser message on one line: its multi-line layout (a caret under the
-    offending byte) and any control characters dropped, at most 300 characters."""
+    """aiohttp's parser message on one line, without the bytes of the request it quotes:
+    they may be an ``Authorization`` header, part of a password or a query's token (the
+    access log drops query strings; this line must not bring them back). What is left is
+    the kind of fault ("Invalid header value char"), at most 200 characters."""
     text = exc.message if isinstance(exc.message, str) else str(exc)
-    lines = [line.strip() for line in text.splitlines()]
-    flat = " ".join(line for line in lines if line and set(line) != {"^"})
-    flat = "".join(ch if ch.isprintable() else "?" for ch in flat)
-    return flat[:300]
+    kind, colon, rest = text.partition(":")
+    kind = " ".join(kind.split())
+    kind = "".join(ch if ch.isprintable() else "?" for ch in kind)[:200]
+    return f"{kind} (the {len(rest.strip())} characters it quotes not logged)" \
+        if colon and rest.strip() else kind
 
 
 class OneLineBadRequests(logging.Filter):

@@ -119,6 +119,45 @@ def test_wrong_password_fails(git: Git, auth_server: LiveServer, tmp_path: Path)
     assert resp.status == 401
 
 
+def test_malformed_credentials_get_401(auth_server: LiveServer) -> None:
+    """Basic credentials that are not base64 of ``user:password``, a non-ASCII byte among
+    them included, are refused with 401 (git asks its helper again), never a 500: a byte
+    like \xc3 made the decoder raise what was not caught, with a traceback logged."""
+    from rawhttp import exchange
+
+    route = b"/team/app.git/info/refs?service=git-upload-pack"
+    for blob in (b"\xc3\xa9", b"YWxp\xffY2U=", b"!!!", b"YWxpY2U=", b"OmFsaWNl"):
+        resp = exchange(auth_server.port, b"GET " + route + b" HTTP/1.1\r\nHost: x\r\n"
+                        b"Authorization: Basic " + blob + b"\r\nConnection: close\r\n\r\n")
+        assert resp.status == 401, (blob, resp.status)
+    assert not [line for line in auth_server.lines if "Traceback" in line]
+
+
+def test_a_token_longer_than_72_bytes_counts_whole(git: Git, auth_root: Path,
+                                                   tmp_path: Path) -> None:
+    """A token longer than bcrypt's 72 bytes (a JWT), hashed by ``gitspout hash-password``,
+    lets its user clone, and one differing only past byte 72 does not. Before, hashing it
+    failed with a traceback (bcrypt 5), and a login with it was refused."""
+    token = "eyJhbGciOiJIUzI1NiJ9." + "x" * 80 + ".tail-1"
+    proc = subprocess.run([sys.executable, "-m", "gitspout.server.app.cli", "hash-password"],
+                          cwd=REPO_ROOT, input=token.encode() + b"\n", capture_output=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "auth.toml"
+    path.write_text(f'[users]\nci = "{proc.stdout.decode().strip()}"\n[[access]]\n'
+                    'repos = ["team/*"]\nusers = ["ci"]\n')
+    srv = start_server(auth_root, ["--auth-file", str(path)])
+    try:
+        ok = _clone(git, f"{srv.url}/team/app.git", tmp_path / "ok", *_helper("ci", token))
+        assert ok.returncode == 0, ok.stderr
+        fsck(git, tmp_path / "ok")
+        bad = _clone(git, f"{srv.url}/team/app.git", tmp_path / "bad",
+                     *_helper("ci", token.replace("tail-1", "tail-2")))
+        assert bad.returncode != 0 and b"Authentication failed" in bad.stderr, bad.stderr
+    finally:
+        srv.stop()
+
+
 def test_user_not_allowed_gets_403(git: Git, auth_server: LiveServer, tmp_path: Path) -> None:
     for repo in ("team/app.git", "public/link.git"):  # the link leads into team/
         proc = _clone(git, f"{auth_server.url}/{repo}", tmp_path / repo.replace("/", "_"),
