@@ -12,6 +12,12 @@ and as a flag or env var, the same as ``URL=REPO#NAMESPACE`` entries joined by c
 (``--namespaces 'team/app-ns.git=team/app.git#ns,tenant-a/=#a'``). A URL ending in ``/``
 is a prefix: the rest of the path names the repository under ``REPO`` (empty: under the
 root). The longest matching prefix wins; an exact URL wins over every prefix.
+
+A URL that is the repository's own path (``tenant.git=tenant.git#a``, or a prefix
+``team/=team#a``) confines that repository: it is served only as the namespace, and every
+other URL that leads to it without one (``tenant``, a link to it inside the root) is
+refused as a missing repository. Otherwise another spelling of the same path would serve
+every namespace of it, under the same access rule.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 from ..store.namespaces import valid_namespace
 
-__all__ = ["NamespaceMap", "namespaces_setting"]
+__all__ = ["NamespaceMap", "namespaces_setting", "plain_name"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,10 @@ class NamespaceMap:
 
     exact: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     prefixes: tuple[tuple[str, str, bytes], ...] = ()  # longest first
+    # Repositories served only as a namespace at their own path (the module doc), by
+    # plain name (:func:`plain_name`); and directories whose repositories all are.
+    confined: frozenset[str] = frozenset()
+    confined_dirs: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> NamespaceMap:
@@ -51,7 +61,17 @@ class NamespaceMap:
             else:
                 exact[url] = (repo, name)
         prefixes.sort(key=lambda p: -len(p[0]))
-        return cls(exact, tuple(prefixes))
+        confined = frozenset(plain_name(repo) for url, (repo, _) in exact.items()
+                             if repo and plain_name(url) == plain_name(repo))
+        dirs = tuple(repo + "/" for url, repo, _ in prefixes
+                     if repo and url.rstrip("/") == repo)
+        return cls(exact, tuple(prefixes), confined, dirs)
+
+    def confines(self, name: str) -> bool:
+        """Is the repository called ``name`` (its path under the root, as repos.py names
+        it) served only as a namespace? Then a URL without one may not serve it."""
+        plain = plain_name(name)
+        return plain in self.confined or any(name.startswith(d) for d in self.confined_dirs)
 
     def map(self, path: str) -> tuple[str, bytes]:
         """(the repository path to resolve, the namespace) of a URL's repository path."""
@@ -63,6 +83,14 @@ class NamespaceMap:
                 rest = path[len(url):]
                 return (f"{repo}/{rest}" if repo else rest), name
         return path, b""
+
+
+def plain_name(path: str) -> str:
+    """A repository path without the suffixes that name the same repository: ``x``,
+    ``x.git`` and ``x/.git`` are all ``x``."""
+    path = path.strip("/")
+    path = path.removesuffix("/.git")
+    return path.removesuffix(".git")
 
 
 def namespaces_setting(value: Any) -> str:

@@ -5,6 +5,7 @@ and its life from start to cleanup."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 import urllib.parse
@@ -19,7 +20,7 @@ from ..store.closurestore import ClosureStore
 from ..store.confine import LinkGuard
 from ..store.fscache import DirCache
 from ..store.registry import PackRegistry
-from ..store.repos import Repo, RepoResolver
+from ..store.repos import Repo, RepoNotFound, RepoResolver
 from .admission import Admission
 from .auth import Access, load_access
 from .authgate import GateCollector, PasswordGate
@@ -37,6 +38,8 @@ from .pool import WorkPool
 from .samefetch import SameFetches
 from .scope import RequestScope
 from .workerstats import WorkerStats
+
+log = logging.getLogger("gitspout")
 
 __all__ = ["ServerState"]
 
@@ -135,7 +138,13 @@ class ServerState:
     def view(self, scope: RequestScope, repo: Repo, namespace: bytes = b"",
              base_url: str = "") -> RequestContext:
         """The request's view of ``repo`` (under ``namespace``), attached to its scope;
-        ``base_url`` (scheme and host the client used) for the bundles it may be offered."""
+        ``base_url`` (scheme and host the client used) for the bundles it may be offered.
+        RepoNotFound for a repository served only as a namespace (namespaces.py) asked
+        for without one."""
+        if not namespace and self.namespaces.confines(repo.url_path):
+            log.warning("refusing /%s without a namespace: --namespaces serves it only as "
+                        "one", repo.url_path)
+            raise RepoNotFound(repo.url_path)
         ctx = self.detached_view(repo, namespace)
         if (self.bundles is not None or self.blob_packs is not None) and not namespace \
                 and base_url:

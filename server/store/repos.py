@@ -385,6 +385,16 @@ class RepoResolver:
             return [rel] + ([os.path.join(plain, ".git")] if plain else [])
         return [rel + ".git", os.path.join(rel, ".git"), rel]
 
+    def _name(self, real: str, key: str) -> str:
+        """The repository's one name, whatever URL found it first (logs, metrics labels,
+        the per-repository queue, offload URLs): its real path under the root, without
+        ``/.git`` for a work tree's (``x`` for ``x/.git``), as the access rules name it;
+        the URL path for one a link outside the root leads to."""
+        if real == self.root or not is_within(real, self.root):
+            return key
+        rel = os.path.relpath(real, self.root).replace(os.sep, "/")
+        return rel[: -len("/.git")] if rel.endswith("/.git") else rel
+
     def cached(self, url_path: str) -> Repo | None:
         """The repository already resolved for ``url_path`` (no I/O), or None."""
         found = self._by_url.get(url_path)  # keys are canonical paths: no cleaning to redo
@@ -417,7 +427,7 @@ class RepoResolver:
             with self._lock:
                 repo = self._repos.get(real)
                 if repo is None:
-                    repo = Repo(key, real, RefCache(self.memory))
+                    repo = Repo(self._name(real, key), real, RefCache(self.memory))
                     self._repos.put(real, repo)
                 linked = None if real == os.path.normpath(cand) else cand
                 self._by_url.put(key, (real, linked))

@@ -385,3 +385,23 @@ def test_pool_busy_gauge_counts_pack_streaming(tmp_path: Path, start_server, git
     after = wait_idle(srv.url)
     assert value(after, "gitspout_thread_pool_busy") == 0
     assert value(after, "gitspout_thread_pool_queue_length") == 0
+
+
+def test_a_repository_has_one_name_whatever_its_url(obs_root: Path, start_server,
+                                                    git: Git) -> None:
+    """``obs`` and ``obs.git`` (and a link to it inside the root) are one repository,
+    named ``obs.git`` (its path under the root) in the per-repository metrics, the access
+    log and the pool's per-repository queue, whichever URL came first. Before, the first
+    URL that found it named it until a restart: a request to ``/obs`` first left
+    ``--metrics-repos obs.git`` without a series, and the workers could differ."""
+    (obs_root / "link.git").symlink_to(obs_root / REPO)
+    srv = start_server(obs_root, "--metrics-repos", REPO)
+    before = wait_idle(srv.url)
+    for path in ("obs", REPO, "link.git", "obs/"):
+        git.run("ls-remote", f"{srv.url}/{path}")
+    after = wait_idle(srv.url)
+    assert value(after, "gitspout_repo_requests_total", repo=REPO, command="ls-refs") \
+        - value(before, "gitspout_repo_requests_total", repo=REPO, command="ls-refs") == 4
+    logged = [json.loads(line) for line in srv.stdout if line.startswith("{")]
+    repos = {r.get("repo") for r in logged if r.get("command") in ("ls-refs", "info-refs")}
+    assert repos == {REPO}, repos

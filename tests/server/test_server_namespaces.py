@@ -192,3 +192,53 @@ def test_a_namespace_url_answers_to_its_own_access_rule(git: Git, ns_root: Path,
         fsck(git, dest)
     finally:
         srv.stop()
+
+
+def test_a_repository_mapped_at_its_own_path_is_served_only_as_the_namespace(
+        git: Git, ns_root: Path, tmp_path: Path) -> None:
+    """``repo.git=repo.git#ns`` (and a prefix ``deep/=deep#a/b`` over a directory of the
+    same name): every other URL of those repositories (``repo`` without ``.git``, a link
+    to it inside the root) is refused as missing, in v0 and v2, with or without
+    credentials; the mapped URL serves the namespace alone. Before, ``/repo`` served every
+    namespace of it, under the same access rule as the tenant's URL."""
+    import bcrypt
+
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(["cp", "-a", str(ns_root / "repo.git"), str(root / "repo.git")], check=True)
+    (root / "deep").mkdir()
+    subprocess.run(["cp", "-a", str(ns_root / "other.git"), str(root / "deep" / "other.git")],
+                   check=True)
+    (root / "alias.git").symlink_to(root / "repo.git")
+    (root / "alias-deep").symlink_to(root / "deep")
+    auth = tmp_path / "auth.toml"
+    hashed = bcrypt.hashpw(b"t-pass", bcrypt.gensalt(4)).decode()
+    auth.write_text(f'[users]\ntenant = "{hashed}"\n'
+                    '[[access]]\nrepos = ["repo.git", "deep/*", "alias*"]\nusers = ["tenant"]\n')
+    ns_map = "repo.git=repo.git#ns,deep/=deep#a/b"
+    for extra in ([], ["--auth-file", str(auth)]):
+        srv = start_server(root, ["--namespaces", ns_map, *extra])
+        host = srv.url.split("://", 1)[1]
+        base = f"http://tenant:t-pass@{host}" if extra else srv.url
+        try:
+            for version in ("0", "2"):
+                def ls_remote(path: str) -> subprocess.CompletedProcess[bytes]:
+                    return git.run("-c", f"protocol.version={version}", "ls-remote",
+                                   f"{base}/{path}", check=False,
+                                   env={"GIT_TERMINAL_PROMPT": "0"})
+
+                ok = ls_remote("repo.git")
+                assert ok.returncode == 0, ok.stderr
+                assert b"refs/heads/main" in ok.stdout
+                assert b"refs/namespaces/" not in ok.stdout and b"secret" not in ok.stdout
+                ok = ls_remote("deep/other.git")
+                assert ok.returncode == 0 and b"refs/heads/main" in ok.stdout, ok.stderr
+                assert b"refs/namespaces/" not in ok.stdout
+                for path in ("repo", "alias.git", "alias",
+                             "alias-deep/other.git"):
+                    refused = ls_remote(path)
+                    assert refused.returncode != 0, (path, refused.stdout)
+                    assert b"not found" in refused.stderr or b"404" in refused.stderr, \
+                        (path, refused.stderr)
+        finally:
+            srv.stop()
