@@ -222,7 +222,8 @@ def test_a_repository_mapped_at_its_own_path_is_served_only_as_the_namespace(
         base = f"http://tenant:t-pass@{host}" if extra else srv.url
         try:
             for version in ("0", "2"):
-                def ls_remote(path: str) -> subprocess.CompletedProcess[bytes]:
+                def ls_remote(path: str, version: str = version,
+                              base: str = base) -> subprocess.CompletedProcess[bytes]:
                     return git.run("-c", f"protocol.version={version}", "ls-remote",
                                    f"{base}/{path}", check=False,
                                    env={"GIT_TERMINAL_PROMPT": "0"})
