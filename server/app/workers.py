@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .auth import load_access
 from .cachedir import make_directory, reclaim_orphans
 from .cacheshare import forget_producer
 from .config import Config, ConfigError
@@ -209,6 +210,7 @@ class Master:
     announced: bool = False
     _due: dict[int, float] = field(default_factory=dict)  # index -> monotonic restart time
     _fails: dict[int, int] = field(default_factory=dict)  # index -> quick deaths in a row
+    auth_source: str = ""  # --auth-file as given; the workers read the master's copy
 
     def run(self) -> int:
         """Fork the workers and supervise them until they have all exited after a stop."""
@@ -216,6 +218,14 @@ class Master:
         for sig in WATCHED:  # blocked and not ignored: they stay pending for sigtimedwait
             signal.signal(sig, signal.SIG_DFL)
         try:
+            if self.cfg.auth_file and not self.auth_source:
+                # Every worker, a restarted one too, reads the auth file the master last
+                # found good: an edit not yet signalled, or a broken file, reaches none
+                # of them until SIGHUP, and then all of them or none.
+                self.auth_source = self.cfg.auth_file
+                self._copy_auth_file()
+                self.cfg = replace(self.cfg, auth_file=os.path.join(self.directory,
+                                                                    "auth-file.toml"))
             for index in range(self.workers):
                 self._spawn(index)
             while self.children or not self.stopping:
@@ -257,7 +267,34 @@ class Master:
                 os._exit(code)
         self.children[pid] = _Child(index, pid, time.monotonic())
 
+    def _copy_auth_file(self) -> None:
+        """The auth file, checked, copied whole over the workers' copy; ConfigError (the
+        copy left as it was) when it cannot be read or is not a good auth file."""
+        copy = os.path.join(self.directory, "auth-file.toml")
+        tmp = copy + ".tmp"
+        try:
+            with open(self.auth_source, "rb") as src:
+                data = src.read()
+            with open(tmp, "wb") as dst:
+                dst.write(data)
+        except OSError as exc:
+            raise ConfigError(f"cannot read auth file {self.auth_source}: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            load_access(tmp)
+        except ConfigError as exc:
+            os.unlink(tmp)
+            raise ConfigError(str(exc).replace(tmp, self.auth_source)) from None
+        os.replace(tmp, copy)
+
     def _on_signal(self, signo: int) -> None:
+        if signo == signal.SIGHUP and self.auth_source:
+            try:
+                self._copy_auth_file()
+            except ConfigError as exc:
+                log.warning("SIGHUP: auth file not reloaded, every worker keeps the previous "
+                            "one: %s", exc)
+                return
         if signo in FORWARDED:
             if signo != signal.SIGHUP and not self.stopping:
                 self.stopping = True

@@ -168,6 +168,59 @@ def test_sighup_reaches_every_worker(workers_root: Path, tmp_path: Path) -> None
         srv.stop()
 
 
+def test_every_worker_reads_the_auth_file_the_master_last_found_good(
+        workers_root: Path, tmp_path: Path) -> None:
+    """A worker restarted after the auth file was edited without SIGHUP, or broken, reads
+    the master's copy of the last good one: every answer is the same whichever worker
+    gives it, and a broken file costs no worker. The next SIGHUP with a good file reaches
+    every worker; one with a broken file none. Before, a restarted worker read the file
+    as it was on disk: alice's answers went 401 or 200 by worker, and a broken file made
+    the restarted worker fail its start over and over."""
+    import base64
+
+    import bcrypt
+
+    def rules(*users: str) -> str:
+        hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+        return ("[users]\n" + "".join(f'{u} = "{hashed}"\n' for u in users)
+                + "[[access]]\nrepos = [\"*\"]\nusers = [" + ", ".join(f'"{u}"' for u in users)
+                + "]\n")
+
+    def statuses(user: str) -> set[int]:
+        auth = {"Authorization": "Basic " + base64.b64encode(f"{user}:pw".encode()).decode()}
+        return {request(srv.port, "GET", INFO_REFS, auth).status for _ in range(16)}
+
+    def kill_one() -> None:
+        old = _children(srv.proc.pid)
+        victim = min(old)
+        os.kill(victim, signal.SIGKILL)
+        srv.wait_for_line(f"(pid {victim}) killed by SIGKILL", 10)
+        poll(lambda: len(_children(srv.proc.pid) - old) == 1 and _ready(srv.port) == 2, 30,
+             "the worker restarted and ready")
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text(rules("alice", "bob"))
+    srv = _start(workers_root, ("--auth-file", str(auth)))
+    try:
+        assert statuses("alice") == {200}
+        auth.write_text(rules("bob"))  # edited, no SIGHUP yet
+        kill_one()
+        assert statuses("alice") == {200} and statuses("bob") == {200}
+        auth.write_text("[users\nbroken")
+        kill_one()
+        assert statuses("alice") == {200}
+        assert not [line for line in srv.lines if "Traceback" in line]
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.wait_for_line("SIGHUP: auth file not reloaded, every worker keeps", 10)
+        assert statuses("alice") == {200}
+        auth.write_text(rules("bob"))
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.wait_for_lines("SIGHUP: reloaded the auth file", 2, 10)
+        assert statuses("alice") == {401} and statuses("bob") == {200}
+    finally:
+        srv.stop()
+
+
 def test_workers_leave_with_their_master(workers_root: Path) -> None:
     srv = _start(workers_root)
     pids = _children(srv.proc.pid)
