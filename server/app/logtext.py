@@ -11,7 +11,8 @@ Log lines carry what clients chose: repository paths from the URL (``refusing /P
 ...``), user agents, protocol lines. A raw ESC, CR or OSC sequence in one of them would
 rewrite what an operator sees (colours, a cleared line, a window title, a line that looks
 like another). So both formats escape every control character (C0, DEL, C1, and the
-Unicode line and paragraph separators): text as ``\\xNN``, ``\\n``, ``\\r``, ``\\t`` or
+Unicode line and paragraph separators) and every lone surrogate (a byte that was not
+UTF-8, as ``\\xNN``): text as ``\\xNN``, ``\\n``, ``\\r``, ``\\t`` or
 ``\\uNNNN``, JSON as ``\\uNNNN`` (``json.dumps`` with ASCII output, plus DEL, which it
 leaves raw). A text traceback keeps its own line breaks (bugs only; its other control
 characters are escaped too); a JSON one is the ``exc`` field of its line.
@@ -39,6 +40,12 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _CONTROLS = [*range(0x20), *range(0x7F, 0xA0)]
 _TABLE = {c: _NAMED.get(chr(c), f"\\x{c:02x}") for c in _CONTROLS}
 _TABLE.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+# Lone surrogates: bytes that were not UTF-8 in a header or a path, decoded with
+# ``surrogateescape`` (U+DC80-U+DCFF: the byte, shown as ``\\xNN``; written out as is, a raw
+# 0x9B is a C1 CSI), or any other, which a strict JSON parser refuses.
+_SURROGATES = {c: f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"\\u{c:04x}"
+               for c in range(0xD800, 0xE000)}
+_TABLE.update(_SURROGATES)
 _TABLE_KEEP_NL = {**_TABLE}
 del _TABLE_KEEP_NL[ord("\n")]
 
@@ -110,6 +117,9 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, FIELDS, None)
         if fields:
             out.update((k, v) for k, v in fields.items() if k not in ("ts", "level", "logger"))
+        for key, value in out.items():
+            if isinstance(value, str) and not value.isascii():
+                out[key] = value.translate(_SURROGATES)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
