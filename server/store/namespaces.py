@@ -53,6 +53,12 @@ def namespaced(snap: RefSnapshot, name: bytes, hide: Sequence[bytes],
     refs: list[Ref] = []
     head = HeadInfo(None, None)
     for ref in snap.select((prefix,)):
+        target = ref.symref_target
+        if target is not None and not target.startswith(prefix):
+            # A symref out of the namespace (its HEAD into another's): left out, as if it
+            # were not there. Shown, it would name the other namespace's ref and make its
+            # tip one of this view's (C git 2.39's upload-pack crashes on it).
+            continue
         short = ref.name[len(prefix):]
         hidden = ref_is_hidden(short, patterns, ref.name)
         if short == b"HEAD":

@@ -243,3 +243,41 @@ def test_a_repository_mapped_at_its_own_path_is_served_only_as_the_namespace(
                         (path, refused.stderr)
         finally:
             srv.stop()
+
+
+def test_a_symref_into_another_namespace_names_nothing(git: Git, ns_root: Path,
+                                                        tmp_path: Path) -> None:
+    """A namespace whose HEAD is a symref into another namespace: it is left out, as if
+    the namespace had no HEAD; its advertisement (v0 ``symref=`` capability, v2
+    ``symref-target``) names nothing of the other namespace, nor is the other namespace's
+    tip one of its own: a want of it is refused. Before, ``symref-target:refs/namespaces/
+    ns/...`` told a tenant another tenant's namespace, and its tip was served. (C git
+    2.39's upload-pack crashes on such a HEAD: no answer to compare with.)"""
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(["cp", "-a", str(ns_root / "repo.git"), str(root / "repo.git")], check=True)
+    repo = root / "repo.git"
+    git.run("update-ref", "refs/namespaces/x/refs/heads/own", "main", cwd=repo)
+    side = git.out("commit-tree", "main^{tree}", "-m", "ns only", cwd=repo).strip()
+    git.run("update-ref", "refs/namespaces/ns/refs/heads/side", side, cwd=repo)
+    git.run("symbolic-ref", "refs/namespaces/x/HEAD", "refs/namespaces/ns/refs/heads/side",
+            cwd=repo)
+    srv = start_server(root, ["--namespaces", "x.git=repo.git#x"])
+    try:
+        own = git.out("rev-parse", "main", cwd=repo).strip()
+        other = side
+        v0 = get_info_refs(srv.port, "x.git", version=0)
+        refs, symrefs = _refs_and_symrefs(v0.body)
+        assert symrefs == [] and b"namespaces" not in v0.body, v0.body
+        assert [r.split(b"\0")[0] for r in refs] == [f"{own} refs/heads/own".encode()]
+        want = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(
+            f"want {other}", "done") + FLUSH
+        refused = post_upload_pack(srv.port, want, "x.git", version=2)
+        assert b"not our ref" in refused.body, refused.body
+        body = pkt_lines("command=ls-refs", "object-format=sha1") + DELIM + pkt_lines(
+            "symrefs", "peel") + FLUSH
+        v2 = post_upload_pack(srv.port, body, "x.git", version=2)
+        assert v2.status == 200 and b"namespaces" not in v2.body, v2.body
+        assert b"refs/heads/own" in v2.body
+    finally:
+        srv.stop()
