@@ -25,6 +25,7 @@ from .forwarded import REQUEST_ID_HEADER, Forwarding
 from .health import PROBE_PATHS
 from .httpreq import (
     ADVERTISEMENT,
+    CONTINUE_DUE,
     NO_CACHE,
     RECEIVE_PACK,
     RESULT,
@@ -89,6 +90,12 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
         # headers stay git-http-backend's (git's t5551.5 compares them line by line).
         if REQUEST_ID_HEADER in request.headers or forwarding.trusts_peer(request.remote):
             response.headers[REQUEST_ID_HEADER] = request_id(forwarding, request)
+        if request.get(CONTINUE_DUE):  # answered before its body was invited: not sent,
+            request[CONTINUE_DUE] = False  # so not to be read; the connection closes
+            response.force_close()
+            response.headers["Connection"] = "close"  # its headers are made: say it
+            if isinstance(request.protocol, GuardedHandler):
+                request.protocol.skip_lingering()
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         handler = request.protocol
@@ -110,7 +117,9 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (git sends it before large bodies): a body declared
-        over --max-body gets its 413 now, not an invitation to send it first."""
+        over --max-body gets its 413 now, not an invitation to send it first; otherwise
+        the 100 is owed, and sent once the body is to be read (httpreq.py
+        ``CONTINUE_DUE``), after the access check."""
         try:
             check_declared_length(request, state.cfg.max_body)
         except BodyTooLarge as exc:
@@ -121,8 +130,7 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
             return None
         if request.headers.get("Expect", "").lower() != "100-continue":
             return text_response(417, "unknown Expect")  # as aiohttp's own handler
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the response proper has not started
+        request[CONTINUE_DUE] = True
         return None
 
     app.router.add_route("*", "/{tail:.*}", dispatch, expect_handler=expect)

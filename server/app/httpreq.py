@@ -16,7 +16,7 @@ __all__ = ["HttpError", "ServiceDisabled", "body_arrived", "BodyTimeout", "BodyT
            "BodyLimits", "text_response",
            "start_response", "ADVERTISEMENT", "RESULT",
            "protocol_version", "split_path", "read_body", "decode_body", "check_declared_length",
-           "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK"]
+           "NO_CACHE", "UPLOAD_PACK", "RECEIVE_PACK", "CONTINUE_DUE", "send_continue"]
 
 UPLOAD_PACK = "git-upload-pack"
 RECEIVE_PACK = "git-receive-pack"
@@ -141,6 +141,21 @@ def check_declared_length(request: web.BaseRequest, max_body: int) -> None:
         raise BodyTooLarge(max_body)
 
 
+# The request key of an ``Expect: 100-continue`` not answered yet (http.py ``expect``):
+# the 100 is sent when the body is about to be read, after the access check and the
+# admission, so that a request refused before (401, 403, 404, 429) is not first invited
+# to upload its body. A final answer before it closes the connection (the body unsent).
+CONTINUE_DUE = "gitspout.continue_due"
+
+
+async def send_continue(request: web.BaseRequest) -> None:
+    """The ``100 Continue`` the client waits for, once, if one is due."""
+    if request.get(CONTINUE_DUE):
+        request[CONTINUE_DUE] = False
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+
+
 def body_arrived(request: web.BaseRequest) -> bool:
     """The whole body is here already (it came with the head, as a small one does) and
     needs no pool step to decode: reading it waits for nothing."""
@@ -163,6 +178,7 @@ async def read_body(request: web.Request, limits: BodyLimits,
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
     gzip = encoding in ("gzip", "x-gzip")
     check_declared_length(request, limits.max_body)
+    await send_continue(request)
     content = request.content
     if content.is_eof():  # here whole already: no deadline to apply, nothing to wait for
         parts = [content.read_nowait()]

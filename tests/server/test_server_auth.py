@@ -158,6 +158,38 @@ def test_a_token_longer_than_72_bytes_counts_whole(git: Git, auth_root: Path,
         srv.stop()
 
 
+def test_no_100_continue_before_the_access_check(auth_server: LiveServer) -> None:
+    """``Expect: 100-continue`` without credentials gets its 401 before any ``100
+    Continue``, and the connection ends there (the body is neither invited nor read);
+    with credentials the 100 comes, the body follows and the fetch is answered. Before,
+    the 100 came first: an anonymous client was invited to upload --max-body bytes, read
+    and thrown away."""
+    from rawhttp import connect, pkt_lines
+
+    body = pkt_lines("command=ls-refs", "object-format=sha1") + b"0000"
+    for creds, first in (({}, b"HTTP/1.1 401"), (_basic("alice", PASSWORDS["alice"]),
+                                                   b"HTTP/1.1 100 Continue")):
+        head = ("POST /team/app.git/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+                "Content-Type: application/x-git-upload-pack-request\r\nGit-Protocol: "
+                f"version=2\r\nContent-Length: {len(body)}\r\nExpect: 100-continue\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in creds.items()) + "\r\n").encode()
+        with connect(auth_server.port, 10) as sock:
+            sock.sendall(head)
+            data = b""
+            while len(data) < len(first) and (chunk := sock.recv(4096)):
+                data += chunk
+            assert data.startswith(first), data[:200]
+            if not creds:
+                while chunk := sock.recv(65536):  # the server closes: nothing more to send
+                    data += chunk
+                assert b"100 Continue" not in data and b"Connection: close" in data, data
+                continue
+            sock.sendall(body)
+            while b"refs/heads/main" not in data and (chunk := sock.recv(65536)):
+                data += chunk
+            assert b"HTTP/1.1 200" in data and b"refs/heads/main" in data, data[:300]
+
+
 def test_user_not_allowed_gets_403(git: Git, auth_server: LiveServer, tmp_path: Path) -> None:
     for repo in ("team/app.git", "public/link.git"):  # the link leads into team/
         proc = _clone(git, f"{auth_server.url}/{repo}", tmp_path / repo.replace("/", "_"),
