@@ -120,7 +120,9 @@ class _Reader:
 
     def loose(self, prefixes: Sequence[bytes]) -> dict[bytes, bytes]:
         """Raw contents of the loose ref files under ``refs/`` whose names start with one of
-        ``prefixes`` (all of them when there are none), by ref name.
+        ``prefixes`` (all of them when there are none), by ref name. A file whose name is
+        no ref name (``check_refname_format``: ``a..b``, a space, ``x.lock``) is no ref:
+        C git gives it a null id (never a tip), which makes clients fail; it is left out.
 
         Directories are walked when a prefix can reach into them; files are kept only when
         their whole name matches, since a prefix need not end at a ``/`` (``refs/heads/ma``
@@ -152,7 +154,7 @@ class _Reader:
                         stack.append(full)
                     continue
                 ref = full.encode("utf-8", "surrogateescape")
-                if not ref_matches_prefixes(ref, prefixes):
+                if not ref_matches_prefixes(ref, prefixes) or not _refname_ok(full):
                     continue
                 data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), listing)
                 if data is not None:
@@ -185,6 +187,8 @@ class _Reader:
                 full = prefix + "/" + name
                 if is_dir:
                     subdirs.append(full)
+                    continue
+                if not _refname_ok(full):
                     continue
                 data = self.dirs.file(self.fs, os.path.join(path, name), listing)
                 if data is None:
@@ -402,7 +406,8 @@ _BAD_REFNAME_CHARS = frozenset(" ~^:?*[\\\x7f")
 
 
 def _refname_ok(name: str) -> bool:
-    """refs.c ``check_refname_format`` (no flags) of a symlink's target."""
+    """refs.c ``check_refname_format`` (no flags): a loose ref's name, a symlink's
+    target."""
     if name == "@" or name.endswith((".", "/")) or "@{" in name or ".." in name:
         return False
     if any(c in _BAD_REFNAME_CHARS or ord(c) < 0x20 for c in name):
