@@ -438,6 +438,17 @@ def _path(srv: LiveServer, listed: dict[str, str]) -> str:
     return uri.split(str(srv.port), 1)[1]
 
 
+def _tagged_work(git: Git, work: Path) -> Committer:
+    """A work repository of 5 commits on main and 40 tags of its second-last commit."""
+    git.run("init", "-q", "-b", "main", str(work))
+    c = Committer(git, work)
+    for i in range(5):
+        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
+    for i in range(40):
+        git.run("tag", f"t{i:02}", "HEAD~1", cwd=work)
+    return c
+
+
 def test_a_bundle_that_can_no_longer_be_offered_is_rewritten(
         git: Git, tmp_path: Path, d_root: Path, d_server: LiveServer) -> None:
     """A bundle one of whose tips no visible ref reaches any more (its branch deleted, or
@@ -446,12 +457,7 @@ def test_a_bundle_that_can_no_longer_be_offered_is_rewritten(
     ref leaves it short of stale (11): before, such a bundle stayed withdrawn and was never
     rewritten, however many clones followed."""
     work = tmp_path / "w"
-    git.run("init", "-q", "-b", "main", str(work))
-    c = Committer(git, work)
-    for i in range(5):
-        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
-    for i in range(40):
-        git.run("tag", f"t{i:02}", "HEAD~1", cwd=work)
+    c = _tagged_work(git, work)
     for branch in ("feature", "topic"):  # each a commit no other ref reaches
         git.run("checkout", "-q", "-b", branch, "main", cwd=work)
         c.commit({f"{branch}.txt": "x\n"}, branch)
@@ -708,12 +714,7 @@ def test_a_bundle_goes_stale_with_age_once_a_ref_moved(git: Git, tmp_path: Path)
     root = tmp_path / "root"
     root.mkdir()
     work = tmp_path / "w"
-    git.run("init", "-q", "-b", "main", str(work))
-    c = Committer(git, work)
-    for i in range(5):
-        c.commit({"f.txt": f"{i}\n"}, f"c{i}")
-    for i in range(40):
-        git.run("tag", f"t{i:02}", "HEAD~1", cwd=work)
+    c = _tagged_work(git, work)
     for name in ("moving.git", "still.git"):
         git.run("clone", "-q", "--bare", str(work), str(root / name))
     srv = start_server(root, extra_args=["--bundles", "--bundle-after", "1",
