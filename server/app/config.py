@@ -130,7 +130,9 @@ class Config:
                           "serves repositories", "group": "auth"},
     )
     metrics_repos: str = field(
-        default="", metadata={"help": "comma-separated repositories that get a repo label",
+        default="", metadata={"help": "comma-separated repositories that get a repo label "
+                                      "(x and x.git alike; the label is the repository's "
+                                      "path under the root)",
                               "group": "metrics"}
     )
     # Connection limits (server/connections.py). The phases in which the server waits for

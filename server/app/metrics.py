@@ -33,6 +33,7 @@ from ..store.faults import KINDS
 from ..store.lru import MemoryBudget
 from ..store.registry import PackRegistry
 from .logtext import FIELDS
+from .namespaces import plain_name
 from .pool import WorkPool
 
 __all__ = ["Metrics", "RequestRecord", "ConnectionStats", "CONTENT_TYPE", "TIMEOUT_KINDS"]
@@ -307,7 +308,8 @@ class Metrics:
         r.register(_PoolCollector(pool))
         self.connections = ConnectionStats()
         r.register(_ConnectionCollector(self.connections))
-        self.repos = frozenset(repos_allowlist)
+        # by plain name: ``x`` and ``x.git`` name one repository (namespaces.plain_name)
+        self.repos = frozenset(plain_name(r) for r in repos_allowlist)
         labels = ["service", "protocol", "command"]
         self.requests = Counter("gitspout_requests", "HTTP requests served.",
                                 labels + ["status"], registry=r)
@@ -410,7 +412,7 @@ class Metrics:
             else:
                 self.pack_bytes.labels("reused").inc(st.reused_bytes)
                 self.pack_bytes.labels("generated").inc(st.generated_bytes)
-        if rec.repo in self.repos:
+        if rec.repo and plain_name(rec.repo) in self.repos:
             self.repo_requests.labels(rec.repo, rec.command).inc()
         _log_request(rec, duration)
 

@@ -395,7 +395,8 @@ def test_a_repository_has_one_name_whatever_its_url(obs_root: Path, start_server
     URL that found it named it until a restart: a request to ``/obs`` first left
     ``--metrics-repos obs.git`` without a series, and the workers could differ."""
     (obs_root / "link.git").symlink_to(obs_root / REPO)
-    srv = start_server(obs_root, "--metrics-repos", REPO)
+    # Listed as "obs" (as a URL may name it): the same repository, labelled obs.git.
+    srv = start_server(obs_root, "--metrics-repos", "obs")
     before = wait_idle(srv.url)
     for path in ("obs", REPO, "link.git", "obs/"):
         git.run("ls-remote", f"{srv.url}/{path}")
