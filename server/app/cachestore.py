@@ -319,6 +319,11 @@ class CacheStore:
         cacheshare.release(entry.lock)  # after the unlink: a waiter then finds no pack
         entry.lock = -1
 
+    def forget(self, entry: CacheEntry) -> None:
+        """Unlist another worker's entry whose file it has removed (not counted: its owner
+        counted the eviction)."""
+        self.drop(entry, None)
+
     def discard(self, entry: CacheEntry) -> None:
         """Forget an entry that cannot be read (its producer, if any, fails it)."""
         entry.failed = entry.failed or "pack cache entry lost"

@@ -116,26 +116,40 @@ class PackCache:
         if key is None:
             key = await loop.run_in_executor(executor, stream.key)
         store = self.store
-        entry, result = store.lookup(key, repo)
-        if result == "remote":  # another worker produces it (cacheshare.py)
-            meta = await wait_for_producer(store.directory, key, keepalive, writer.keepalive)
-            if meta is not None:
-                entry, result = store.adopt(key, repo, meta), "joined"
-        if entry is None:
-            sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
-            sent.cache = result
-            return sent
-        try:
-            fd = store.open_reader(entry)
-        except OSError as exc:  # its file is gone (a cleaner of the temp dir?): not a client's
-            log.warning("pack cache: cannot open %s: %s", entry.path, exc)  # problem
-            if entry.done or result == "miss":  # in production: its readers have their fds
-                store.discard(entry)
-            store.stats.lookups[result] -= 1  # nothing came from the cache after all
-            store.stats.lookups["bypass"] += 1
-            sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
-            sent.cache = "bypass"
-            return sent
+        entry: CacheEntry | None = None
+        fd = -1
+        for again in (True, False):
+            entry, result = store.lookup(key, repo)
+            if result == "remote":  # another worker produces it (cacheshare.py)
+                meta = await wait_for_producer(store.directory, key, keepalive,
+                                               writer.keepalive)
+                if meta is not None:
+                    entry, result = store.adopt(key, repo, meta), "joined"
+            if entry is None:
+                sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
+                sent.cache = "bypass" if result == "remote" else result
+                return sent
+            try:
+                fd = store.open_reader(entry)
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) and not entry.owned and again:
+                    # Another worker's pack, evicted by it since this one listed it: the
+                    # normal course of a shared directory. Forgotten here; the lookup
+                    # again claims the key (produced here once, or joined).
+                    store.stats.lookups[result] -= 1
+                    store.forget(entry)
+                    continue
+                # Its own file gone (a cleaner of the temp dir?): not a client's problem.
+                log.warning("pack cache: cannot open %s: %s", entry.path, exc)
+                if entry.done or result == "miss":  # in production: readers have their fds
+                    store.discard(entry)
+                store.stats.lookups[result] -= 1  # nothing came from the cache after all
+                store.stats.lookups["bypass"] += 1
+                sent = await _pump(writer, executor, stream, keepalive, no_progress, stream)
+                sent.cache = "bypass"
+                return sent
+            break
+        assert entry is not None and fd >= 0
         if result == "miss":
             task = loop.create_task(self._produce(entry, stream, executor))
             self.producers.add(task)
@@ -470,5 +484,7 @@ class PackCacheCollector:
                                 "Bytes of the listed cache files.", value=c.bytes)
         yield GaugeMetricFamily("gitspout_pack_cache_limit_bytes",
                                 "The --pack-cache-size cap.", value=c.max_bytes)
-        yield GaugeMetricFamily("gitspout_pack_cache_entries", "Entries listed.",
-                                value=len(c.entries))
+        yield GaugeMetricFamily("gitspout_pack_cache_entries", "Entries whose files this "
+                                "process produced and holds (with --workers, summed: the "
+                                "files of the shared directory).",
+                                value=sum(1 for e in c.entries.values() if e.owned))

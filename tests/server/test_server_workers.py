@@ -643,3 +643,94 @@ def test_a_lock_file_removed_under_its_holder_is_not_shared(tmp_path: Path) -> N
         assert list(tmp_path.iterdir()) == []
     finally:
         os.close(stale)
+
+
+def _worker_of(port: int, sock: socket.socket) -> int | None:
+    """The pid of the worker that accepted ``sock``'s connection (``ss``)."""
+    local = sock.getsockname()[1]
+    out = subprocess.run(["ss", "-tnpH", "state", "established",
+                          f"( sport = :{port} and dport = :{local} )"],
+                         capture_output=True, text=True, timeout=10).stdout
+    found = re.search(r"pid=(\d+)", out)
+    return int(found.group(1)) if found else None
+
+
+def _fetch_on(sock: socket.socket, repo: str, tip: str) -> bytes:
+    """A v2 full fetch of ``tip`` on a kept-alive connection; the response body."""
+    body = pkt_lines("command=fetch", "object-format=sha1") + b"0001" + pkt_lines(
+        f"want {tip}", "no-progress", "done") + FLUSH
+    sock.sendall((f"POST /{repo}/git-upload-pack HTTP/1.1\r\nHost: x\r\n"
+                  "Content-Type: application/x-git-upload-pack-request\r\n"
+                  f"Git-Protocol: version=2\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+                 + body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = re.search(rb"(?i)content-length: (\d+)", head)
+    if length:
+        while len(rest) < int(length.group(1)):
+            rest += sock.recv(1 << 20)
+        return rest
+    while not rest.endswith(b"\r\n0\r\n\r\n"):  # chunked
+        rest += sock.recv(1 << 20)
+    return rest
+
+
+def test_another_workers_evicted_pack_is_produced_again_not_bypassed(
+        git: Git, tmp_path: Path) -> None:
+    """Worker A reads a pack worker B produced (adopted in A's index); B evicts it for
+    size; A's next request for it claims the key again and produces it into the cache.
+    Before, A opened the gone file: a warning ("cannot open"), a bypass (the whole pack
+    generated again for this request alone) and an entry listed until its TTL; the
+    entries gauge counted such entries in every worker that read them."""
+    root = tmp_path / "root"
+    root.mkdir()
+    tips = {}
+    for name in ("x.git", "y.git"):
+        work = tmp_path / f"w-{name}"
+        git.run("init", "-q", "-b", "main", str(work))
+        Committer(git, work).commit({"big.bin": random.Random(name).randbytes(1 << 20)}, name)
+        git.run("clone", "-q", "--bare", str(work), str(root / name))
+        tips[name] = git.out("rev-parse", "main", cwd=work).strip()
+    # 3 MiB in all: 1.5 MiB a worker, room for one 1 MiB pack each.
+    srv = _start(root, ("--pack-cache-dir", str(tmp_path / "cache"), "--pack-cache-size",
+                        str(3 << 20)))
+    socks: dict[int, socket.socket] = {}
+    try:
+        workers = _children(srv.proc.pid)
+        for _ in range(200):  # a kept-alive connection to each worker
+            if len(socks) == 2:
+                break
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            pid = poll(lambda s=sock: _worker_of(srv.port, s), 10, "the connection's worker")
+            if pid in workers and pid not in socks:
+                socks[pid] = sock
+            else:
+                sock.close()
+        assert len(socks) == 2, socks
+        b, a = socks.values()
+        [shared] = (tmp_path / "cache").glob("gitspout-packcache-*")
+
+        def settled(packs: int) -> None:
+            poll(lambda: len(list(shared.glob("*.pack"))) == packs
+                 and not list(shared.glob("*.part")), 20, f"{packs} packs in the cache")
+
+        assert b"PACK" in _fetch_on(b, "x.git", tips["x.git"])  # B produces x
+        settled(1)
+        assert b"PACK" in _fetch_on(a, "x.git", tips["x.git"])  # A reads it
+        assert _lookups(srv.port)["hit"] == 1
+        assert b"PACK" in _fetch_on(b, "y.git", tips["y.git"])  # B produces y, evicts x
+        settled(1)
+        assert b"PACK" in _fetch_on(a, "x.git", tips["x.git"])  # A: x again
+        settled(2)
+        got = _lookups(srv.port)
+        assert got["bypass"] == 0 and got["miss"] == 3, got
+        assert not [line for line in srv.lines if "cannot open" in line]
+        entries = metric_samples(srv.port, "gitspout_pack_cache_entries")[""]
+        assert entries == len(list(shared.glob("*.pack"))) == 2
+    finally:
+        for sock in socks.values():
+            sock.close()
+        srv.stop()
