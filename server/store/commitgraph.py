@@ -7,7 +7,6 @@ commit. The file is mapped once per (path, inode) and shared by every request.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import struct
 import sys
@@ -16,6 +15,7 @@ from bisect import bisect_left
 
 from .errors import StorageError
 from .fsops import nonblocking
+from .mapped import map_whole
 from .objformat import HASH_ID_LEN, trailer_matches
 
 __all__ = ["CommitGraph", "CommitGraphError", "open_commit_graph", "GraphEntry"]
@@ -51,7 +51,7 @@ class CommitGraph:
         with open(path, "rb", opener=nonblocking) as fh:
             if verify and inode is not None and os.fstat(fh.fileno()).st_ino != inode:
                 raise FileNotFoundError(errno.ENOENT, "replaced since it was listed", path)
-            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._map = map_whole(fh.fileno())
         try:
             self._parse(hash_len)
         except BaseException:

@@ -9,13 +9,13 @@ those of loose object headers and of a tag's ``type`` line. Hash lengths come fr
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from collections.abc import Iterable
 
 from gitspout.protocol.oid import HEX_LEN
 
 from .fsops import nonblocking
+from .mapped import Mapped, map_whole
 
 __all__ = [
     "ids_digest",
@@ -76,8 +76,9 @@ def ids_digest(*groups: Iterable[bytes]) -> bytes:
 
 
 def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool | None:
-    """:func:`trailer_matches` of the file at ``path``, through a map of its own (hashing
-    releases the GIL). None when the file is gone, or is no longer inode ``inode``."""
+    """:func:`trailer_matches` of the file at ``path``, through a map of its own, or its
+    bytes on a network filesystem (mapped.py; hashing releases the GIL). None when the
+    file is gone, or is no longer inode ``inode``."""
     try:
         with open(path, "rb", opener=nonblocking) as fh:
             st = os.fstat(fh.fileno())
@@ -85,13 +86,16 @@ def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool
                 return None
             if st.st_size <= hash_len:
                 return False
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            data = map_whole(fh.fileno())
+            try:
                 return trailer_matches(data, hash_len)
+            finally:
+                data.close()
     except FileNotFoundError:
         return None
 
 
-def trailer_matches(data: bytes | mmap.mmap, hash_len: int) -> bool:
+def trailer_matches(data: bytes | Mapped, hash_len: int) -> bool:
     """True when a git file's last ``hash_len`` bytes are the checksum of all before them
     (.idx, .rev, .bitmap, commit-graph), hashed through a view of ``data``, not a copy."""
     view = memoryview(data)

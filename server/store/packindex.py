@@ -8,7 +8,6 @@ version, and lookups by name (:meth:`PackIndex.find`) and by position.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import struct
 import sys
@@ -19,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .fsops import nonblocking
+from .mapped import Mapped, map_whole
 from .objformat import trailer_matches
 from .packentry import PackFormatError
 
@@ -47,18 +47,18 @@ class PackIndex:
     _bisections: int | None
 
     if TYPE_CHECKING:
-        def pinned(self) -> AbstractContextManager[tuple[int, mmap.mmap]]: ...
-        def _pin(self) -> tuple[int, mmap.mmap]: ...
+        def pinned(self) -> AbstractContextManager[tuple[int, Mapped]]: ...
+        def _pin(self) -> tuple[int, Mapped]: ...
         def _unpin(self) -> None: ...
         def derived(self, kind: str, compute: Callable[[], tuple[Any, int]]) -> Any: ...
         def knows(self, kind: str) -> bool: ...
         def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError: ...
 
-    def _map_index(self, path: str, inode: object = None) -> mmap.mmap:
+    def _map_index(self, path: str, inode: object = None) -> Mapped:
         with open(path, "rb", opener=nonblocking) as fh:
             if inode is not None and os.fstat(fh.fileno()).st_ino != inode:
                 raise replaced(path)
-            idx = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            idx = map_whole(fh.fileno())
         if len(idx) < 8 + 1024 + 2 * self.hash_len:
             idx.close()
             raise self.corrupt("truncated index", ".idx")

@@ -10,7 +10,6 @@ between threads.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import struct
 import threading
@@ -25,6 +24,7 @@ from typing import Any, NamedTuple
 from .faults import FaultCounts
 from .fsops import READ_FLAGS
 from .lru import ByteLRU, MemoryBudget
+from .mapped import Mapped
 from .packentry import EntryHeader, PackFormatError, encode_entry_header, parse_entry_header
 from .packindex import PackIndex, replaced
 from .revindex import ReverseIndex
@@ -46,7 +46,7 @@ class PackedLocation(NamedTuple):
     offset: int
 
 
-def close_files(files: tuple[int, mmap.mmap]) -> None:
+def close_files(files: tuple[int, Mapped]) -> None:
     """Close what :meth:`PackFile.detach` took away from a pack."""
     fd, idx = files
     os.close(fd)
@@ -125,7 +125,7 @@ class PackFile(PackIndex, ReverseIndex):
         self._io = threading.Lock()
         self._pins: deque[None] = deque()
         self._raw = False
-        self._files: tuple[int, mmap.mmap] | None = None
+        self._files: tuple[int, Mapped] | None = None
         # Told (outside ``_io``) when the files were opened again: the registry counts them;
         # asked to close what nobody reads when the process is out of descriptors.
         self.on_open: Callable[[PackFile], None] | None = None
@@ -147,7 +147,7 @@ class PackFile(PackIndex, ReverseIndex):
 
     # -- open files --------------------------------------------------------------
 
-    def _open_files(self) -> tuple[int, mmap.mmap]:
+    def _open_files(self) -> tuple[int, Mapped]:
         """Map the index and open the pack (under ``_io``, or before anyone else sees this
         object), checking that both are the files the listing named; a reopen also checks
         that the pack has the size it had."""
@@ -172,7 +172,7 @@ class PackFile(PackIndex, ReverseIndex):
         self._files = (fd, idx)
         return fd, idx
 
-    def _pin(self) -> tuple[int, mmap.mmap]:
+    def _pin(self) -> tuple[int, Mapped]:
         """Hold the files open for one read (opening them again if they were closed) and
         return them; :meth:`_unpin` after it, whatever happens. Opening may raise OSError
         (FileNotFoundError when the pack was replaced since it was listed)."""
@@ -183,7 +183,7 @@ class PackFile(PackIndex, ReverseIndex):
     def _unpin(self) -> None:
         self._pins.pop()
 
-    def _reopen(self) -> tuple[int, mmap.mmap]:
+    def _reopen(self) -> tuple[int, Mapped]:
         """The files, opened again under ``_io`` (the caller's pin is in); out of
         descriptors, the registry is asked to close what nobody reads, once."""
         for attempt in (1, 2):
@@ -205,7 +205,7 @@ class PackFile(PackIndex, ReverseIndex):
         return files
 
     @contextmanager
-    def pinned(self) -> Iterator[tuple[int, mmap.mmap]]:
+    def pinned(self) -> Iterator[tuple[int, Mapped]]:
         """The files held open for the block (:meth:`_pin`)."""
         try:
             yield self._pin()
@@ -234,7 +234,7 @@ class PackFile(PackIndex, ReverseIndex):
         """Descriptors (and maps) held now: 2 while open, 0 once closed."""
         return self.HANDLES if self._files is not None else 0
 
-    def detach(self) -> tuple[int, mmap.mmap] | None:
+    def detach(self) -> tuple[int, Mapped] | None:
         """Close the files if nobody reads them now (never blocks: None when busy, pinned
         or closed already). Returns what to close, outside any lock (:func:`close_files`);
         the next read opens them again."""

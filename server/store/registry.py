@@ -31,7 +31,6 @@ more; what a failed request took is given back (``ObjectSnapshot``).
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 from collections import OrderedDict, deque
@@ -43,6 +42,7 @@ from .commitgraph import CommitGraph, CommitGraphError, open_commit_graph
 from .faults import FaultCounts, report_unusable
 from .fsops import FsOps
 from .lru import ByteLRU, MemoryBudget
+from .mapped import Mapped
 from .objformat import file_trailer_matches
 from .packs import PackFile, PackFormatError, close_files
 
@@ -93,7 +93,7 @@ def out_of_descriptors(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
-_Victim = Leased | tuple[int, mmap.mmap]  # a file to close whole, or a pack's detached files
+_Victim = Leased | tuple[int, Mapped]  # a file to close whole, or a pack's detached files
 
 
 def _stamp(base: str) -> tuple[tuple[int, int], ...]:
@@ -374,7 +374,7 @@ class PackRegistry:
         for leased in (False, True):
             if self.handles <= limit:
                 break
-            chosen: list[tuple[Leased, tuple[int, mmap.mmap] | None]] = []
+            chosen: list[tuple[Leased, tuple[int, Mapped] | None]] = []
             excess = self.handles - limit
             for item in self._lru.values():
                 if excess <= 0:

@@ -7,7 +7,6 @@ kept within --cache-memory (``PackFile.derived``).
 
 from __future__ import annotations
 
-import mmap
 import struct
 from array import array
 from bisect import bisect_left
@@ -20,6 +19,7 @@ import numpy as np
 from .faults import FaultCounts, report_unusable
 from .fsops import nonblocking
 from .lru import ByteLRU
+from .mapped import Mapped
 from .objformat import OFS_DELTA, REF_DELTA, trailer_matches
 from .packentry import EntryHeader, PackFormatError
 from .packscan import base_ranks_of
@@ -108,7 +108,7 @@ class ReverseIndex:
     _rank_of: array | None
 
     if TYPE_CHECKING:
-        def pinned(self) -> AbstractContextManager[tuple[int, mmap.mmap]]: ...
+        def pinned(self) -> AbstractContextManager[tuple[int, Mapped]]: ...
         def derived(self, kind: str, compute: Callable[[], tuple[Any, int]]) -> Any: ...
         def corrupt(self, detail: str, suffix: str = ".pack") -> PackFormatError: ...
         def pack_checksum(self) -> bytes: ...

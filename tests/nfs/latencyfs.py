@@ -20,7 +20,9 @@ NFS's close-to-open behaviour; ``--no-keep-cache`` drops it on every open.
 Every request is counted by kind.  The counters are served on a unix socket
 (``--control SOCK``): a client sends ``stats\\n`` (reply: one JSON line),
 ``reset\\n`` (zero the counters, reply ``ok``), ``dump\\n`` (write the
-``--stats`` file, reply ``ok``), ``config\\n`` or ``ping\\n``.  Use
+``--stats`` file, reply ``ok``), ``config\\n`` or ``ping\\n``; ``fail-reads SUBSTRING
+ERRNO\\n`` makes reads of files whose real path holds SUBSTRING fail with that errno (a
+storage fault: ``EIO``, ``ESTALE``) until ``clear-faults\\n``.  Use
 :func:`read_stats` and :func:`reset_stats` from Python.  The ``--stats`` file
 is also written on SIGUSR1 and at exit.  Counter keys that start with ``_``
 are aggregates (``_total``, ``_delayed``, ``_delay_us``, ``_errors``,
@@ -303,6 +305,8 @@ class LatencyFS(_Base):  # type: ignore[misc]
         self._next_nodeid = self._root.nodeid + 1
         self._dirs: dict[int, _DirHandle] = {}
         self._chown_new = os.geteuid() == 0
+        # Reads of files whose real path holds a key fail with its errno (``fail-reads``).
+        self.failing_reads: dict[str, int] = {}
         self._lateness = 0.0  # learned mean timer lateness, seconds
         self._delaying = 0  # requests sleeping their delay now
 
@@ -562,6 +566,11 @@ class LatencyFS(_Base):  # type: ignore[misc]
 
     @_op("read")
     def read(self, fh: int, off: int, size: int) -> bytes:
+        if self.failing_reads:  # a storage fault of files named so (``fail-reads``)
+            name = os.readlink(f"/proc/self/fd/{fh}")
+            for part, code in self.failing_reads.items():
+                if part in name:
+                    raise OSError(code, os.strerror(code))
         data = os.pread(fh, size, off)
         self.counters.add("_read_bytes", len(data))
         return data
@@ -811,6 +820,16 @@ class Daemon:
             return json.dumps(asdict(self.fs.config), sort_keys=True)
         if command == "ping":
             return "pong"
+        if command.startswith("fail-reads "):  # fail-reads SUBSTRING ERRNO-NAME
+            _, part, name = command.split(" ", 2)
+            code = getattr(errno, name, None)
+            if not isinstance(code, int):
+                return f"error unknown errno {name!r}"
+            self.fs.failing_reads[part] = code
+            return "ok"
+        if command == "clear-faults":
+            self.fs.failing_reads.clear()
+            return "ok"
         return f"error unknown command {command!r}"
 
 
