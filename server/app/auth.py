@@ -221,6 +221,9 @@ def load_access(path: str, memory: MemoryBudget | None = None) -> Access:
         raise ConfigError(f"cannot read auth file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"auth file {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"auth file {path}: not UTF-8 ({exc.reason} at byte "
+                          f"{exc.start})") from None
     realm = str(data.get("realm", "gitspout"))
     if '"' in realm or "\\" in realm:
         raise ConfigError(f"auth file {path}: realm must not contain quotes or backslashes")

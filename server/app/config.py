@@ -372,6 +372,7 @@ class Config:
 _FIELDS = {f.name: f for f in fields(Config)}
 
 
+MAX_SECONDS = 1e9  # any setting in seconds: about 31 years
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30}
 
@@ -425,8 +426,12 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError(value)  # TOML `port = 18305.9` is refused, not truncated
             return int(value)
-        if kind == "float":
-            return float(value)
+        if kind == "float":  # seconds, every one of them
+            number = float(value)
+            if math.isfinite(number) and abs(number) > MAX_SECONDS:
+                # past it, timers overflow (--send-timeout 1e19 failed every request)
+                raise ValueError(f"more than {MAX_SECONDS:.0e} seconds")
+            return number
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -453,7 +458,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError(value)  # TOML `host = 5`, `metrics_repos = ["a"]`
         return value
     except (ValueError, TypeError, OverflowError) as exc:
-        why = f": {exc}" if name in ("namespaces", "trusted_proxies") else ""
+        why = f": {exc}" if name in ("namespaces", "trusted_proxies") or \
+            (kind == "float" and "seconds" in str(exc)) else ""
         raise ConfigError(f"setting {name!r} ({source}): cannot use value {value!r}{why}") from None
 
 
@@ -465,6 +471,9 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 ({exc.reason} at byte "
+                          f"{exc.start})") from None
     if "gitspout" in data and len(data) > 1:
         others = ", ".join(sorted(k for k in data if k != "gitspout"))
         raise ConfigError(f"config file {path}: keys both at the top level ({others}) and "
@@ -590,8 +599,9 @@ def _validate_bundles(cfg: Config) -> None:
         raise ConfigError("bundle_refresh_age must be a number of seconds, 0 or more")
     if not math.isfinite(cfg.bundle_window) or cfg.bundle_window <= 0:
         raise ConfigError("bundle_window must be a number of seconds above 0")
-    if cfg.blob_uri_threshold < 0 or cfg.blob_uri_size < 0:
-        raise ConfigError("blob_uri_threshold and blob_uri_size must be 0 or more bytes")
+    if cfg.blob_uri_threshold < 0 or cfg.blob_uri_size < 0 or cfg.bundle_size < 0:
+        raise ConfigError("blob_uri_threshold, blob_uri_size and bundle_size must be 0 or "
+                          "more bytes")
     if cfg.bundle_base_url and not cfg.bundle_base_url.startswith(("http://", "https://")):
         raise ConfigError("bundle_base_url must be an http:// or https:// URL")
     if (cfg.bundles or cfg.blob_uri_threshold) and cfg.bundle_dir:

@@ -101,6 +101,10 @@ def test_bad_toml_is_refused(tmp_path: Path, toml: str, needle: str,
     ("--agent", "my agent", "agent must be printable ASCII"),
     ("--pack-cache-dir", "/proc/gitspout-cannot-be-here", "pack_cache_dir"),
     ("--body-memory", "1MiB", "body_memory must be 0 (no cap) or at least max_inflated_body"),
+    # past 1e9 seconds timers overflow: every request failed with an OverflowError
+    ("--send-timeout", "1e19", "more than 1e+09 seconds"),
+    ("--idle-timeout", "1e300", "'idle_timeout'"),
+    ("--bundle-size", "-1", "bundle_size must be 0 or more"),
 ])
 def test_bad_flags_are_refused(tmp_path: Path, flag: str, value: str, needle: str,
                                capsys: pytest.CaptureFixture[str], never_serve: None) -> None:

@@ -116,9 +116,12 @@ def good_root(tmp_path: Path, fixture_root: Path) -> Path:
     return root
 
 
-def _check(root: Path, toml: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _check(root: Path, toml: str | bytes, *extra: str) -> subprocess.CompletedProcess[str]:
     conf = root.parent / "check.toml"
-    conf.write_text(toml)
+    if isinstance(toml, bytes):
+        conf.write_bytes(toml)
+    else:
+        conf.write_text(toml)
     return _run("serve", "--check-config", "--root", str(root), "--config", str(conf), *extra)
 
 
@@ -165,3 +168,12 @@ def test_check_config_refuses_a_bad_auth_file(good_root: Path) -> None:
     auth = good_root.parent / "auth.toml"
     auth.write_text('[users]\nalice = "not a bcrypt hash"\n')
     _one_clear_line(_check(good_root, f'auth_file = "{auth}"\n'), "auth file")
+
+
+def test_files_that_are_not_utf8_are_refused_in_one_line(good_root: Path) -> None:
+    """A config or auth file with a byte that is not UTF-8: one line naming the file,
+    not a traceback of tomllib's UnicodeDecodeError."""
+    auth = good_root.parent / "latin1-auth.toml"
+    auth.write_bytes(b'realm = "caf\xe9"\n')
+    _one_clear_line(_check(good_root, f'auth_file = "{auth}"\n'), "not UTF-8")
+    _one_clear_line(_check(good_root, 'agent = "\xff"\n'.encode("latin-1")), "not UTF-8")
