@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ClientError
+from .numbers import git_number
 
 __all__ = [
     "FilterSpec",
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 _OBJECT_TYPES = frozenset({"blob", "tree", "commit", "tag"})
-_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 # Characters C git percent-encodes inside combine: sub-specs (RESERVED_NON_WS plus space
 # and control characters); we decode any %XX and only insist the result is sane.
 _MAX_SPEC_LEN = 4096
@@ -82,38 +82,15 @@ FilterSpec = BlobNone | BlobLimit | TreeDepth | ObjectType | SparseOid | Combine
 
 
 _ULONG_MAX = (1 << 64) - 1
-_SPACE = " \t\n\v\f\r"
-_DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
 
 
 def _parse_ulong(text: str, what: str) -> int:
-    """A number as C git's ``git_parse_ulong`` reads it (parse.c): ``strtoumax`` in base 0
-    (leading blanks and ``+``; ``0x`` hexadecimal, a leading ``0`` octal), no ``-``
-    anywhere, then nothing or one of the units ``k``, ``m``, ``g``; at most 2^64 - 1."""
-    bad = f"invalid filter-spec '{what}': expected a number"
-    if "-" in text or not text.isascii():
-        raise ClientError(bad)
-    i = len(text) - len(text.lstrip(_SPACE))
-    if text[i : i + 1] == "+":
-        i += 1
-    base = 10
-    if text[i : i + 2].lower() == "0x" and text[i + 2 : i + 3] and \
-            text[i + 2] in _DIGITS[16]:
-        base, i = 16, i + 2
-    elif text[i : i + 1] == "0":
-        base = 8
-    start = i
-    while i < len(text) and text[i] in _DIGITS[base]:
-        i += 1
-    if i == start:
-        raise ClientError(bad)
-    unit = text[i:].lower()
-    if unit not in _SCALE:
-        raise ClientError(bad)
-    value = int(text[start:i], base) * _SCALE[unit]
-    if value > _ULONG_MAX:
-        raise ClientError(f"invalid filter-spec '{what}': out of range")
-    return value
+    """A number as C git's ``git_parse_ulong`` reads it (numbers.py): at most 2^64 - 1."""
+    try:
+        return git_number(text, _ULONG_MAX)
+    except ValueError as exc:
+        why = "out of range" if "range" in str(exc) else "expected a number"
+        raise ClientError(f"invalid filter-spec '{what}': {why}") from None
 
 
 def _percent_decode(text: str) -> str:

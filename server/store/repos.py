@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gitspout.protocol.errors import ClientError
+from gitspout.protocol.numbers import git_number
 from gitspout.protocol.refs import parse_hide_pattern
 
 from .confine import is_within
@@ -89,8 +90,9 @@ _FALSE = ("false", "no", "off", "0", "")
 
 
 def _bool(value: str | None, what: str) -> bool:
-    """git's boolean: a bare key is true; an integer is true unless 0; anything else is
-    an error, as C git dies on it (``bad boolean config value``)."""
+    """git's boolean: a bare key is true; a number (C git's form: ``2k``, ``0x10``, within
+    an int) is true unless 0; anything else is an error, as C git dies on it (``bad
+    boolean config value``)."""
     if value is None:
         return True
     low = value.lower()
@@ -98,10 +100,15 @@ def _bool(value: str | None, what: str) -> bool:
         return True
     if low in _FALSE:
         return False
-    try:
-        return int(low, 0) != 0
+    try:  # config.c git_config_bool: a number of an int's range, with units (2k: true)
+        return git_number(value, _INT_MAX, signed=True) != 0
     except ValueError:
         raise ConfigFileError(f"bad boolean config value {value!r} for {what!r}") from None
+
+
+_INT_MAX = (1 << 31) - 1
+_ULONG_MAX = (1 << 64) - 1
+_UNBORN = ("advertise", "allow", "ignore")
 
 
 def repo_config(entries: list[ConfigEntry], fmt: RepoFormat | None = None) -> RepoConfig:
@@ -136,15 +143,19 @@ def repo_config(entries: list[ConfigEntry], fmt: RepoFormat | None = None) -> Re
                 default = _bool(e.value, what)
             elif e.subsection is not None and e.key == "allow":
                 allow[e.subsection] = _bool(e.value, what)
-            elif e.subsection == "tree" and e.key == "maxdepth" and e.value is not None \
-                    and e.value.isdigit():
-                max_depth = int(e.value)
+            elif e.subsection == "tree" and e.key == "maxdepth":
+                try:  # upload-pack.c: git_config_ulong, which dies on a bad number
+                    max_depth = git_number(e.value or "", _ULONG_MAX)
+                except ValueError:
+                    raise ConfigFileError(f"bad numeric config value {e.value!r} for "
+                                          f"{what!r}") from None
                 allow.setdefault("tree", True)
         elif e.section == "http" and e.subsection is None and e.key == "uploadpack":
             http_upload_pack = _bool(e.value, what)
-        elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn" \
-                and e.value is not None:
-            unborn = e.value.lower()
+        elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn":
+            unborn = (e.value or "").lower()
+            if unborn not in _UNBORN:  # ls-refs.c dies on any other
+                raise ConfigFileError(f"invalid value for {what!r}: {e.value!r}")
         elif e.section == "transfer" and e.subsection is None and e.key == "advertisesid":
             sid = _bool(e.value, what)
         elif e.section == "uploadpack" and e.subsection is None \

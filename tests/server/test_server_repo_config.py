@@ -121,6 +121,47 @@ def test_a_malformed_config_is_refused_not_served(git: Git, cfg_server: LiveServ
     assert "refs/hidden/secret" in _ours(git, cfg_server)
 
 
+VALUES = [
+    # (config lines, whether C git reads them): numbers as C git reads them
+    ("[uploadpack]\n\tallowFilter = 2k\n", True),
+    ("[uploadpack]\n\tallowFilter = 0k\n", True),
+    ("[uploadpack]\n\tallowFilter = 0x10\n", True),
+    ("[uploadpack]\n\tallowFilter = -3\n", True),
+    ("[uploadpack]\n\tallowFilter = 10000000000000000000000\n", False),
+    ("[uploadpack]\n\tallowFilter = 3000000000\n", False),
+    ("[uploadpack]\n\tallowFilter = 2t\n", False),
+    ('[uploadpackfilter "tree"]\n\tmaxDepth = 5k\n', True),
+    ('[uploadpackfilter "tree"]\n\tmaxDepth = abc\n', False),
+    ('[uploadpackfilter "tree"]\n\tmaxDepth = -1\n', False),
+    ("[lsrefs]\n\tunborn = ignore\n", True),
+    ("[lsrefs]\n\tunborn = bogus\n", False),
+]
+
+
+@pytest.mark.parametrize(("lines", "good"), VALUES)
+def test_values_read_as_c_git_reads_them(git: Git, cfg_server: LiveServer, cfg_root: Path,
+                                         lines: str, good: bool) -> None:
+    """A value C git reads is served; one it dies on answers 500 (a bad config). Before,
+    ``allowFilter = 2k`` (true to C git) answered 500, while a boolean out of range, a
+    bad ``maxDepth`` and a bad ``lsrefs.unborn`` were served as if they were not there."""
+    repo = cfg_root / "r.git"
+    (repo / "config").write_text(BASE + lines)
+    # C git reads uploadpackfilter.* for a fetch only (ls-refs does not): a clone then.
+    tmp = cfg_root.parent / "values-clone"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        c_git = subprocess.run(["git", "-c", "protocol.version=2", "clone", "-q", "--bare",
+                                "--no-local", f"file://{repo}", str(tmp)], capture_output=True,
+                               env=git_env(git.home), timeout=60)
+        assert (c_git.returncode == 0) == good, c_git.stderr
+        resp = post_upload_pack(cfg_server.port, pkt_lines("command=ls-refs") + FLUSH,
+                                repo="r.git", version=2)
+        assert resp.status == (200 if good else 500), resp.body[:200]
+    finally:
+        (repo / "config").write_text(BASE)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_a_packed_refs_rewritten_in_place_is_seen(git: Git, cfg_server: LiveServer,
                                                   cfg_root: Path) -> None:
     """A writer other than git may rewrite packed-refs in place (same inode, same size):
