@@ -482,10 +482,15 @@ def _read_toml(path: str) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ConfigError(f"config file {path}: [gitspout] must be a table")
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in _FIELDS or name == "config":
             raise ConfigError(f"config file {path}: unknown key {key!r}")
+        if name in spelled:  # max-open-packs and max_open_packs: which one was meant?
+            raise ConfigError(f"config file {path}: {spelled[name]!r} and {key!r} are one "
+                              "setting; give it once")
+        spelled[name] = key
         out[name] = value
     return out
 
@@ -608,6 +613,7 @@ def _validate_bundles(cfg: Config) -> None:
         bundles, root = Path(cfg.bundle_dir).resolve(), Path(cfg.root).resolve()
         if bundles == root or root in bundles.parents:
             raise ConfigError("bundle_dir must not be inside the served root")
+        _writable_directory("bundle_dir", cfg.bundle_dir, bundles)
 
 
 def _validate_pack_cache(cfg: Config) -> None:
@@ -621,9 +627,15 @@ def _validate_pack_cache(cfg: Config) -> None:
         cache, root = Path(cfg.pack_cache_dir).resolve(), Path(cfg.root).resolve()
         if cache == root or root in cache.parents:
             raise ConfigError("pack_cache_dir must not be inside the served root")
-        try:
-            os.makedirs(cache, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"pack_cache_dir {cfg.pack_cache_dir!r}: {exc.strerror}") from None
-        if not os.access(cache, os.W_OK | os.X_OK):
-            raise ConfigError(f"pack_cache_dir {cfg.pack_cache_dir!r} is not writable")
+        _writable_directory("pack_cache_dir", cfg.pack_cache_dir, cache)
+
+
+def _writable_directory(name: str, given: str, path: Path) -> None:
+    """A directory the server writes in: made if missing; ConfigError when it cannot be
+    (a file in the way, no permission) or is not writable."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{name} {given!r}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {given!r} is not writable")

@@ -158,6 +158,8 @@ def test_check_config_passes_a_good_configuration(good_root: Path, git: Git) -> 
      "'ns.git' names repository 'team/gone.git'"),
     ('[namespaces]\n"t/" = { repo = "nowhere", namespace = "t" }\n', "'t/' names directory"),
     ('namespaces = "bad-entry"\n', "bad namespace entry"),
+    ("max-open-packs = 3\nmax_open_packs = 400\n", "are one setting"),
+    ('bundles = true\nbundle_dir = "/etc/passwd"\n', "bundle_dir '/etc/passwd'"),
 ])
 def test_check_config_refuses_a_bad_one_in_one_line(good_root: Path, toml: str,
                                                     needle: str) -> None:
