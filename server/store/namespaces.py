@@ -12,7 +12,7 @@ visible refs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gitspout.protocol.refs import HeadInfo, Ref, ref_is_hidden
 
@@ -36,8 +36,27 @@ def namespace_prefix(name: bytes) -> bytes:
     return b"".join(b"refs/namespaces/" + part + b"/" for part in name.split(b"/") if part)
 
 
+_MAX_HOPS = 5  # refs.c follows a symref chain this far (SYMREF_MAXDEPTH)
+
+
 def _strip(prefix: bytes, name: bytes | None) -> bytes | None:
     return name[len(prefix):] if name is not None and name.startswith(prefix) else name
+
+
+def _stays_inside(ref: Ref, prefix: bytes, by_name: Mapping[bytes, Ref]) -> bool:
+    """Does every hop of ``ref``'s symref chain (none for a plain ref) stay under
+    ``prefix``? The snapshot records one hop per ref; the next is that target's own."""
+    for _ in range(_MAX_HOPS):
+        target = ref.symref_target
+        if target is None:
+            return True
+        if not target.startswith(prefix):
+            return False
+        nxt = by_name.get(target)
+        if nxt is None:
+            return True  # a dangling symref (unborn): it names nothing outside
+        ref = nxt
+    return False  # a loop, or a chain longer than C git follows
 
 
 def namespaced(snap: RefSnapshot, name: bytes, hide: Sequence[bytes],
@@ -52,12 +71,14 @@ def namespaced(snap: RefSnapshot, name: bytes, hide: Sequence[bytes],
     patterns = list(hide)
     refs: list[Ref] = []
     head = HeadInfo(None, None)
-    for ref in snap.select((prefix,)):
-        target = ref.symref_target
-        if target is not None and not target.startswith(prefix):
-            # A symref out of the namespace (its HEAD into another's): left out, as if it
-            # were not there. Shown, it would name the other namespace's ref and make its
-            # tip one of this view's (C git 2.39's upload-pack crashes on it).
+    ours = list(snap.select((prefix,)))
+    by_name = {ref.name: ref for ref in ours}
+    for ref in ours:
+        if not _stays_inside(ref, prefix, by_name):
+            # A symref out of the namespace (its HEAD into another's), directly or through
+            # another symref: left out, as if it were not there. Shown, it would name the
+            # other namespace's ref and make its tip one of this view's (C git 2.39's
+            # upload-pack crashes on it).
             continue
         short = ref.name[len(prefix):]
         hidden = ref_is_hidden(short, patterns, ref.name)

@@ -262,18 +262,25 @@ def test_a_symref_into_another_namespace_names_nothing(git: Git, ns_root: Path,
     git.run("update-ref", "refs/namespaces/ns/refs/heads/side", side, cwd=repo)
     git.run("symbolic-ref", "refs/namespaces/x/HEAD", "refs/namespaces/ns/refs/heads/side",
             cwd=repo)
-    srv = start_server(root, ["--namespaces", "x.git=repo.git#x"])
+    # And through a symref of the namespace's own: HEAD -> x's link -> ns's side.
+    git.run("symbolic-ref", "refs/namespaces/y/HEAD", "refs/namespaces/y/refs/heads/link",
+            cwd=repo)
+    git.run("symbolic-ref", "refs/namespaces/y/refs/heads/link",
+            "refs/namespaces/ns/refs/heads/side", cwd=repo)
+    git.run("update-ref", "refs/namespaces/y/refs/heads/own", "main", cwd=repo)
+    srv = start_server(root, ["--namespaces", "x.git=repo.git#x,y.git=repo.git#y"])
     try:
         own = git.out("rev-parse", "main", cwd=repo).strip()
         other = side
-        v0 = get_info_refs(srv.port, "x.git", version=0)
-        refs, symrefs = _refs_and_symrefs(v0.body)
-        assert symrefs == [] and b"namespaces" not in v0.body, v0.body
-        assert [r.split(b"\0")[0] for r in refs] == [f"{own} refs/heads/own".encode()]
-        want = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(
-            f"want {other}", "done") + FLUSH
-        refused = post_upload_pack(srv.port, want, "x.git", version=2)
-        assert b"not our ref" in refused.body, refused.body
+        for url in ("x.git", "y.git"):
+            v0 = get_info_refs(srv.port, url, version=0)
+            refs, symrefs = _refs_and_symrefs(v0.body)
+            assert symrefs == [] and b"namespaces" not in v0.body, v0.body
+            assert [r.split(b"\0")[0] for r in refs] == [f"{own} refs/heads/own".encode()]
+            want = pkt_lines("command=fetch", "object-format=sha1") + DELIM + pkt_lines(
+                f"want {other}", "done") + FLUSH
+            refused = post_upload_pack(srv.port, want, url, version=2)
+            assert b"not our ref" in refused.body, refused.body
         body = pkt_lines("command=ls-refs", "object-format=sha1") + DELIM + pkt_lines(
             "symrefs", "peel") + FLUSH
         v2 = post_upload_pack(srv.port, body, "x.git", version=2)
