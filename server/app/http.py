@@ -205,7 +205,7 @@ async def _dispatch(state: ServerState, request: web.Request,
                 return text_response(405, f"method {request.method} not allowed here")
             await _authorize(state, request, scope, repo_path, rule_path)
             scope.record.command = "bundle" if bundle is not None else "blob-pack"
-            ctx = state.view(scope, await state.resolve(repo_path), namespace)
+            ctx = state.view(scope, await state.resolve_for(repo_path, namespace), namespace)
             await scope.run(_service_check(state, scope))  # as the other routes
             if bundle is not None and state.bundles is not None:
                 resp = await serve_bundle(state.bundles, ctx, bundle, request, scope.run)
@@ -276,7 +276,7 @@ async def _info_refs(state: ServerState, request: web.Request, scope: RequestSco
         return text_response(403, "gitspout serves only the smart HTTP protocol "
                              "(service=git-upload-pack)")
     rec.service = UPLOAD_PACK
-    state.view(scope, await state.resolve(repo_path), namespace, _base_url(state, request))
+    state.view(scope, await state.resolve_for(repo_path, namespace), namespace, _base_url(state, request))
     version = protocol_version(request)
     rec.protocol = str(version)
     check = _service_check(state, scope)
@@ -296,7 +296,7 @@ async def _upload_pack(state: ServerState, request: web.Request, scope: RequestS
     ctype = request.headers.get("Content-Type", "")
     if ctype.split(";")[0].strip() != f"application/x-{UPLOAD_PACK}-request":
         raise HttpError(415, f"expected Content-Type application/x-{UPLOAD_PACK}-request")
-    state.view(scope, await state.resolve(repo_path), namespace, _base_url(state, request))
+    state.view(scope, await state.resolve_for(repo_path, namespace), namespace, _base_url(state, request))
     check: Callable[[], None] | None = _service_check(state, scope)
     if not body_arrived(request):  # refused before its body is waited for
         await scope.run(_service_check(state, scope))

@@ -37,9 +37,10 @@ class NamespaceMap:
 
     exact: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     prefixes: tuple[tuple[str, str, bytes], ...] = ()  # longest first
-    # Repositories served only as a namespace at their own path (the module doc), by
-    # plain name (:func:`plain_name`); and directories whose repositories all are.
-    confined: frozenset[str] = frozenset()
+    # Repositories served only as a namespace at their own path (the module doc), by the
+    # path the entry names (resolved as any URL's, compared by real git directory:
+    # state.py ``resolve_for``); and directories whose repositories all are.
+    confined: tuple[str, ...] = ()
     confined_dirs: tuple[str, ...] = ()
 
     @classmethod
@@ -61,17 +62,11 @@ class NamespaceMap:
             else:
                 exact[url] = (repo, name)
         prefixes.sort(key=lambda p: -len(p[0]))
-        confined = frozenset(plain_name(repo) for url, (repo, _) in exact.items()
-                             if repo and plain_name(url) == plain_name(repo))
-        dirs = tuple(repo + "/" for url, repo, _ in prefixes
-                     if repo and url.rstrip("/") == repo)
+        confined = tuple(sorted({repo for url, (repo, _) in exact.items()
+                                 if repo and plain_name(url) == plain_name(repo)}))
+        dirs = tuple(sorted({repo for url, repo, _ in prefixes
+                             if repo and url.rstrip("/") == repo}))
         return cls(exact, tuple(prefixes), confined, dirs)
-
-    def confines(self, name: str) -> bool:
-        """Is the repository called ``name`` (its path under the root, as repos.py names
-        it) served only as a namespace? Then a URL without one may not serve it."""
-        plain = plain_name(name)
-        return plain in self.confined or any(name.startswith(d) for d in self.confined_dirs)
 
     def map(self, path: str) -> tuple[str, bytes]:
         """(the repository path to resolve, the namespace) of a URL's repository path."""

@@ -138,13 +138,7 @@ class ServerState:
     def view(self, scope: RequestScope, repo: Repo, namespace: bytes = b"",
              base_url: str = "") -> RequestContext:
         """The request's view of ``repo`` (under ``namespace``), attached to its scope;
-        ``base_url`` (scheme and host the client used) for the bundles it may be offered.
-        RepoNotFound for a repository served only as a namespace (namespaces.py) asked
-        for without one."""
-        if not namespace and self.namespaces.confines(repo.url_path):
-            log.warning("refusing /%s without a namespace: --namespaces serves it only as "
-                        "one", repo.url_path)
-            raise RepoNotFound(repo.url_path)
+        ``base_url`` (scheme and host the client used) for the bundles it may be offered."""
         ctx = self.detached_view(repo, namespace)
         if (self.bundles is not None or self.blob_packs is not None) and not namespace \
                 and base_url:
@@ -174,6 +168,36 @@ class ServerState:
             return repo
         return await asyncio.wrap_future(
             self.pool.submit_for(("resolve", repo_path), self.resolver.resolve, repo_path))
+
+    async def resolve_for(self, repo_path: str, namespace: bytes) -> Repo:
+        """:meth:`resolve`, then RepoNotFound for a repository that --namespaces serves only
+        as a namespace (mapped at its own path: namespaces.py) asked for without one. The
+        same git directory, whatever path or link led to it: each confining entry is
+        resolved as a URL would be (cached after the first time), each confining
+        directory's real path found in the pool."""
+        repo = await self.resolve(repo_path)
+        ns = self.namespaces
+        if namespace or not (ns.confined or ns.confined_dirs):
+            return repo
+        for path in ns.confined:
+            try:
+                other = await self.resolve(path)
+            except RepoNotFound:
+                continue
+            if other.gitdir == repo.gitdir:
+                raise self._confined(repo)
+        for path in ns.confined_dirs:
+            real = await asyncio.wrap_future(self.pool.submit_for(
+                ("resolve", path), os.path.realpath, os.path.join(self.resolver.root, path)))
+            if repo.gitdir.startswith(real.rstrip(os.sep) + os.sep):
+                raise self._confined(repo)
+        return repo
+
+    @staticmethod
+    def _confined(repo: Repo) -> RepoNotFound:
+        log.info("refusing /%s without a namespace: --namespaces serves it only as one",
+                 repo.url_path)
+        return RepoNotFound(repo.url_path)
 
     async def run_bounded(self, scope: RequestScope, fn: Callable[..., T], *args: Any) -> T:
         """``scope.run`` under the ``inflating`` semaphore (request body decoding)."""

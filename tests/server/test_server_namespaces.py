@@ -211,11 +211,21 @@ def test_a_repository_mapped_at_its_own_path_is_served_only_as_the_namespace(
                    check=True)
     (root / "alias.git").symlink_to(root / "repo.git")
     (root / "alias-deep").symlink_to(root / "deep")
+    # Mapped through a link: the repository it leads to is the one confined.
+    (root / "store").mkdir()
+    subprocess.run(["cp", "-a", str(ns_root / "repo.git"), str(root / "store" / "real.git")],
+                   check=True)
+    (root / "linked.git").symlink_to(root / "store" / "real.git")
+    # Another repository named alike (a work tree's "work/.git" against "work.git"):
+    # not confined.
+    subprocess.run(["cp", "-a", str(ns_root / "repo.git"), str(root / "work.git")], check=True)
+    git.run("clone", "-q", str(ns_root / "repo.git"), str(root / "work"))
     auth = tmp_path / "auth.toml"
     hashed = bcrypt.hashpw(b"t-pass", bcrypt.gensalt(4)).decode()
     auth.write_text(f'[users]\ntenant = "{hashed}"\n'
-                    '[[access]]\nrepos = ["repo.git", "deep/*", "alias*"]\nusers = ["tenant"]\n')
-    ns_map = "repo.git=repo.git#ns,deep/=deep#a/b"
+                    '[[access]]\nrepos = ["repo.git", "deep/*", "alias*", "linked.git", '
+                    '"store/*", "work", "work.git"]\nusers = ["tenant"]\n')
+    ns_map = "repo.git=repo.git#ns,deep/=deep#a/b,linked.git=linked.git#ns,work.git=work.git#ns"
     for extra in ([], ["--auth-file", str(auth)]):
         srv = start_server(root, ["--namespaces", ns_map, *extra])
         host = srv.url.split("://", 1)[1]
@@ -235,12 +245,17 @@ def test_a_repository_mapped_at_its_own_path_is_served_only_as_the_namespace(
                 ok = ls_remote("deep/other.git")
                 assert ok.returncode == 0 and b"refs/heads/main" in ok.stdout, ok.stderr
                 assert b"refs/namespaces/" not in ok.stdout
-                for path in ("repo", "alias.git", "alias",
-                             "alias-deep/other.git"):
+                for path in ("repo", "alias.git", "alias", "alias-deep/other.git", "linked",
+                             "store/real.git", "store/real"):
                     refused = ls_remote(path)
                     assert refused.returncode != 0, (path, refused.stdout)
                     assert b"not found" in refused.stderr or b"404" in refused.stderr, \
                         (path, refused.stderr)
+                ok = ls_remote("linked.git")
+                assert ok.returncode == 0 and b"refs/namespaces/" not in ok.stdout, ok.stderr
+                whole = ls_remote("work/.git")  # the work tree's repository: its own refs
+                assert whole.returncode == 0 and b"refs/heads/main" in whole.stdout, \
+                    whole.stderr
         finally:
             srv.stop()
 
