@@ -13,8 +13,9 @@ per request; a server that keeps them mapped for hours cannot.
 So on a filesystem that is not local (NFS, SMB, FUSE, Ceph, 9p, ...: by the magic number
 of ``fstatfs``, checked once per device), the file is read whole with ``read`` calls,
 which fail with an ``OSError`` (a storage fault of that request) or hang in a thread that
-released the GIL. The bytes then stay in this process's memory while the file is open:
-bounded by ``--max-open-packs`` for indexes (docs/operations.md "Memory").
+released the GIL. The bytes then stay in this process's memory (each worker's own) while
+the file is open: bounded by ``--max-open-packs`` for indexes, each counted as the map it
+replaces (docs/operations.md "Repositories on NFS").
 """
 
 from __future__ import annotations
@@ -91,18 +92,29 @@ def is_local(fd: int) -> bool:
 
 def map_whole(fd: int) -> Mapped:
     """The whole file open as ``fd``, read-only: mapped when its filesystem is local, else
-    read (module doc). ValueError for an empty file, as ``mmap`` raises."""
+    read (module doc) into an anonymous map of its size: one copy, no descriptor kept, and
+    the API of a map. ValueError for an empty file, as ``mmap`` raises."""
     size = os.fstat(fd).st_size
     if size == 0:
         raise ValueError("cannot map an empty file")
     if is_local(fd):
         return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    parts = []
+    buf = mmap.mmap(-1, size)
+    view = memoryview(buf)
     got = 0
-    while got < size:
-        piece = os.pread(fd, min(size - got, 8 << 20), got)
-        if not piece:
-            break  # shorter than its stat said: the parsers find it truncated
-        parts.append(piece)
-        got += len(piece)
-    return LoadedFile(b"".join(parts))
+    try:
+        while got < size:
+            n = os.preadv(fd, [view[got : got + min(size - got, 8 << 20)]], got)
+            if n == 0:
+                break  # shorter than its stat said: the parsers find it truncated
+            got += n
+    except BaseException:
+        view.release()
+        buf.close()
+        raise
+    view.release()
+    if got < size:
+        short = LoadedFile(buf[:got])
+        buf.close()
+        return short
+    return buf

@@ -9,13 +9,11 @@ those of loose object headers and of a tag's ``type`` line. Hash lengths come fr
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 
 from gitspout.protocol.oid import HEX_LEN
 
-from .fsops import nonblocking
-from .mapped import Mapped, map_whole
+from .mapped import Mapped
 
 __all__ = [
     "ids_digest",
@@ -35,7 +33,6 @@ __all__ = [
     "HASH_ID_LEN",
     "new_hash",
     "trailer_matches",
-    "file_trailer_matches",
 ]
 
 OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG, OFS_DELTA, REF_DELTA = 1, 2, 3, 4, 6, 7
@@ -73,26 +70,6 @@ def ids_digest(*groups: Iterable[bytes]) -> bytes:
         h.update(len(ids).to_bytes(8, "big"))
         h.update(b"".join(ids))
     return h.digest()
-
-
-def file_trailer_matches(path: str, hash_len: int, inode: object = None) -> bool | None:
-    """:func:`trailer_matches` of the file at ``path``, through a map of its own, or its
-    bytes on a network filesystem (mapped.py; hashing releases the GIL). None when the
-    file is gone, or is no longer inode ``inode``."""
-    try:
-        with open(path, "rb", opener=nonblocking) as fh:
-            st = os.fstat(fh.fileno())
-            if inode is not None and st.st_ino != inode:
-                return None
-            if st.st_size <= hash_len:
-                return False
-            data = map_whole(fh.fileno())
-            try:
-                return trailer_matches(data, hash_len)
-            finally:
-                data.close()
-    except FileNotFoundError:
-        return None
 
 
 def trailer_matches(data: bytes | Mapped, hash_len: int) -> bool:

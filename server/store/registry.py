@@ -43,7 +43,7 @@ from .faults import FaultCounts, report_unusable
 from .fsops import FsOps
 from .lru import ByteLRU, MemoryBudget
 from .mapped import Mapped
-from .objformat import file_trailer_matches
+from .objformat import trailer_matches
 from .packs import PackFile, PackFormatError, close_files
 
 __all__ = ["PackRegistry", "Leased", "DEFAULT_MAX_OPEN", "out_of_descriptors"]
@@ -206,14 +206,18 @@ class PackRegistry:
         return pack
 
     def _verify_later(self, base: str, key: tuple[object, ...], pack: PackFile) -> None:
-        """Hash an index larger than VERIFY_INLINE_MAX in the background, from a read of
-        its own (the request's map may be closed meanwhile), while requests use it: C git
+        """Hash an index larger than VERIFY_INLINE_MAX in the background, through the
+        pack's files pinned (reopened if they were closed meanwhile), while requests use it: C git
         never hashes an index it opens, and git/git's 24 MB cost a cold request 14 ms
         (docs/performance.md "Cold path"). A mismatch retires the pack (requests holding
         it finish; later ones skip it, as they would have from the start) and is reported
         once; a match is remembered like an inline one."""
-        ok = file_trailer_matches(base + ".idx", pack.hash_len, key[2])
-        if ok is None:
+        try:
+            # Through the pack's own view of it (a map, or its bytes read from a network
+            # filesystem: mapped.py), held open for the hash: not read a second time.
+            with pack.pinned() as (_fd, idx):
+                ok = trailer_matches(idx, pack.hash_len)
+        except OSError:
             return  # gone or replaced: a new key, looked at when listed
         if ok:
             pack.derived("verified", lambda: (True, 0))
