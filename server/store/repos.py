@@ -153,9 +153,9 @@ def repo_config(entries: list[ConfigEntry], fmt: RepoFormat | None = None) -> Re
         elif e.section == "http" and e.subsection is None and e.key == "uploadpack":
             http_upload_pack = _bool(e.value, what)
         elif e.section == "lsrefs" and e.subsection is None and e.key == "unborn":
-            unborn = (e.value or "").lower()
-            if unborn not in _UNBORN:  # ls-refs.c dies on any other
-                raise ConfigFileError(f"invalid value for {what!r}: {e.value!r}")
+            if e.value is None:  # a bare key: config.c's "missing value"
+                raise ConfigFileError(f"missing value for {what!r}")
+            unborn = e.value  # the last one counts (checked below, as ls-refs.c does)
         elif e.section == "transfer" and e.subsection is None and e.key == "advertisesid":
             sid = _bool(e.value, what)
         elif e.section == "uploadpack" and e.subsection is None \
@@ -166,6 +166,8 @@ def repo_config(entries: list[ConfigEntry], fmt: RepoFormat | None = None) -> Re
             blob_uris.append(_raw(e.value))
         elif e.section == "bundle":
             bundles.append((_raw(what), _bundle_value(e.value)))
+    if unborn not in _UNBORN:  # ls-refs.c dies on any other, case and all
+        raise ConfigFileError(f"invalid value for 'lsrefs.unborn': {unborn!r}")
     return RepoConfig(
         hide_refs=tuple(hide),
         allow_filter=flags["allowfilter"],

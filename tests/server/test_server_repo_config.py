@@ -135,6 +135,9 @@ VALUES = [
     ('[uploadpackfilter "tree"]\n\tmaxDepth = -1\n', False),
     ("[lsrefs]\n\tunborn = ignore\n", True),
     ("[lsrefs]\n\tunborn = bogus\n", False),
+    ("[lsrefs]\n\tunborn = Advertise\n", False),  # compared case and all
+    ("[lsrefs]\n\tunborn = bogus\n\tunborn = ignore\n", True),  # the last one counts
+    ("[lsrefs]\n\tunborn\n", False),
 ]
 
 
