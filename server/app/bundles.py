@@ -295,8 +295,8 @@ class BundleStore:
         now = time.time()
         held = []
         for tag, bundle, until in self.files.held():
-            if until is not None and until <= now:
-                unlink_quietly(bundle.path)
+            if until is not None and (until <= now or not os.path.exists(bundle.path)):
+                unlink_quietly(bundle.path)  # over, or evicted before: counts no more
             else:
                 held.append((until is None, bundle.written, tag, bundle))
         total = sum(h[3].size for h in held)

@@ -90,12 +90,11 @@ def make_app(state: ServerState, metrics_route: bool = True) -> web.Application:
         # headers stay git-http-backend's (git's t5551.5 compares them line by line).
         if REQUEST_ID_HEADER in request.headers or forwarding.trusts_peer(request.remote):
             response.headers[REQUEST_ID_HEADER] = request_id(forwarding, request)
-        if request.get(CONTINUE_DUE):  # answered before its body was invited: not sent,
-            request[CONTINUE_DUE] = False  # so not to be read; the connection closes
-            response.force_close()
-            response.headers["Connection"] = "close"  # its headers are made: say it
-            if isinstance(request.protocol, GuardedHandler):
-                request.protocol.skip_lingering()
+        if request.get(CONTINUE_DUE):  # answered before its body was invited: the
+            request[CONTINUE_DUE] = False  # connection closes after it; a body the client
+            response.force_close()  # sent anyway (curl does after 1 s) is drained within
+            response.headers["Connection"] = "close"  # aiohttp's lingering bounds, so the
+            # answer is not lost to a reset. (Its headers are made: say it in them.)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         handler = request.protocol
