@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ClientError
-from .numbers import git_number
+from .numbers import OutOfRange, git_number
 
 __all__ = [
     "FilterSpec",
@@ -88,9 +88,10 @@ def _parse_ulong(text: str, what: str) -> int:
     """A number as C git's ``git_parse_ulong`` reads it (numbers.py): at most 2^64 - 1."""
     try:
         return git_number(text, _ULONG_MAX)
-    except ValueError as exc:
-        why = "out of range" if "range" in str(exc) else "expected a number"
-        raise ClientError(f"invalid filter-spec '{what}': {why}") from None
+    except OutOfRange:
+        raise ClientError(f"invalid filter-spec '{what}': out of range") from None
+    except ValueError:
+        raise ClientError(f"invalid filter-spec '{what}': expected a number") from None
 
 
 def _percent_decode(text: str) -> str:

@@ -7,11 +7,15 @@ Filter specs (``blob:limit=``, ``tree:``) and config values (``uploadpack.allowF
 
 from __future__ import annotations
 
-__all__ = ["git_number"]
+__all__ = ["git_number", "OutOfRange"]
 
 _SPACE = " \t\n\v\f\r"
 _DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+class OutOfRange(ValueError):
+    """A number, but past the range asked for."""
 
 
 def git_number(text: str, maximum: int, signed: bool = False) -> int:
@@ -40,5 +44,5 @@ def git_number(text: str, maximum: int, signed: bool = False) -> int:
         raise ValueError(f"not a number: {text!r}")
     value = int(text[start:i], base) * _UNITS[unit]
     if value > maximum:
-        raise ValueError(f"out of range: {text!r}")
+        raise OutOfRange(f"out of range: {text!r}")
     return -value if negative else value
