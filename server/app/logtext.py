@@ -117,13 +117,13 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, FIELDS, None)
         if fields:
             out.update((k, v) for k, v in fields.items() if k not in ("ts", "level", "logger"))
-        for key, value in out.items():
-            if isinstance(value, str) and not value.isascii():
-                out[key] = value.translate(_SURROGATES)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
+        for key, value in out.items():  # the message, the fields, a traceback
+            if isinstance(value, str) and not value.isascii():
+                out[key] = value.translate(_SURROGATES)
         # ensure_ascii writes C0, C1 and U+2028/2029 as \uNNNN; DEL is left raw: escape it.
         return json.dumps(out, separators=(",", ":"), default=str).replace("\x7f", "\\u007f")
 
