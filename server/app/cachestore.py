@@ -321,8 +321,10 @@ class CacheStore:
 
     def forget(self, entry: CacheEntry) -> None:
         """Unlist another worker's entry whose file it has removed (not counted: its owner
-        counted the eviction)."""
+        counted the eviction); the key was asked for, so the next lookup claims it (with
+        --pack-cache-on second too)."""
         self.drop(entry, None)
+        self._remember(entry.key)
 
     def discard(self, entry: CacheEntry) -> None:
         """Forget an entry that cannot be read (its producer, if any, fails it)."""
