@@ -26,7 +26,7 @@ import mmap
 import os
 import threading
 
-__all__ = ["Mapped", "LoadedFile", "map_whole", "is_local", "set_local_override"]
+__all__ = ["Mapped", "LoadedFile", "map_whole", "is_local"]
 
 
 class LoadedFile(bytes):
@@ -51,15 +51,6 @@ _NETWORK = frozenset({
 })
 _by_device: dict[int, bool] = {}
 _lock = threading.Lock()
-_override: bool | None = None  # tests: every filesystem local (True) or not (False)
-
-
-def set_local_override(local: bool | None) -> None:
-    """Treat every filesystem as local (True), as remote (False), or look (None)."""
-    global _override
-    _override = local
-    with _lock:
-        _by_device.clear()
 
 
 class _Statfs(ctypes.Structure):
@@ -73,8 +64,6 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 def is_local(fd: int) -> bool:
     """Is the file open as ``fd`` on a local filesystem? Once per device; a filesystem
     that cannot be told counts as remote."""
-    if _override is not None:
-        return _override
     dev = os.fstat(fd).st_dev
     with _lock:
         known = _by_device.get(dev)
