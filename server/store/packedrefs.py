@@ -12,6 +12,7 @@ from __future__ import annotations
 import binascii
 import itertools
 import os
+import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from gitspout.protocol.refs import Ref
 
 from .errors import StorageError
 from .fsops import FsOps
+from .refnames import refname_ok
 
 __all__ = ["RefSegment", "PackedRefs", "PackedFile", "PackedRefsError", "Peeler",
            "parse_packed_refs", "reparse_packed_refs", "segment_of_refs", "segments_of_refs",
@@ -224,9 +226,39 @@ def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
             while data.startswith(b"^", end) and end < hi:
                 nl = data.find(b"\n", end)
                 end = hi if nl < 0 or nl >= hi else nl + 1
-        out.append(RefSegment(data[pos:end], hex_len, checked=False))
+        raw = _without_bad_names(data[pos:end], hex_len)
+        if raw:
+            out.append(RefSegment(raw, hex_len, checked=False))
         pos = end
     return out
+
+
+# What may betray a name that is no ref name (refnames.py), found in a segment's bytes at
+# C speed; a segment with none of it (every segment git writes) is kept as it is.
+_SUSPECT = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f~:?*\[\\]|[^\n]\^|\.\.|@\{|/\.| \.|//"
+                      rb"|\.lock[/\n]|[/.]\n")
+
+
+def _without_bad_names(raw: bytes, hex_len: int) -> bytes:
+    """``raw`` (packed-refs lines) without the refs whose names are no ref names, and
+    their peeled lines: C git gives them a null id (never a tip; clients skip them), and
+    advertised with their ids they made a v0 clone fail. A line that is no entry at all
+    is kept, for the check that refuses the file (:func:`_check_lines`)."""
+    if raw.count(b" ") == raw.count(b"\n") - raw.count(b"\n^") - raw.startswith(b"^") \
+            and _SUSPECT.search(raw) is None:
+        return raw
+    out: list[bytes] = []
+    keep = True
+    for line in raw.split(b"\n")[:-1]:
+        if line.startswith(b"^"):
+            if keep:
+                out.append(line)
+            continue
+        keep = line[hex_len : hex_len + 1] != b" " or refname_ok(
+            line[hex_len + 1 :].decode("utf-8", "surrogateescape"))
+        if keep:
+            out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
 
 
 def cut_segments(data: bytes, hex_len: int) -> list[RefSegment]:

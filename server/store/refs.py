@@ -32,6 +32,7 @@ from .packedrefs import (
     segments_of_refs,
 )
 from .refcache import LastPacked, RefCache
+from .refnames import refname_ok, valid_component
 from .refsnapshot import RefSnapshot
 from .reftable import ReftableError, Table, merge_stack, parse_table
 
@@ -39,10 +40,6 @@ __all__ = ["read_ref_snapshot"]
 
 _MAX_SYMREF_DEPTH = 5
 
-
-
-def _valid_component(name: str) -> bool:
-    return bool(name) and not name.startswith(".") and not name.endswith(".lock")
 
 
 @dataclass
@@ -146,7 +143,7 @@ class _Reader:
                     out.update(refs)
                     continue
             for name, _ino, is_dir in listing.entries:
-                if not _valid_component(name):
+                if not valid_component(name):
                     continue
                 full = prefix + "/" + name
                 if is_dir:
@@ -154,7 +151,7 @@ class _Reader:
                         stack.append(full)
                     continue
                 ref = full.encode("utf-8", "surrogateescape")
-                if not ref_matches_prefixes(ref, prefixes) or not _refname_ok(full):
+                if not ref_matches_prefixes(ref, prefixes) or not refname_ok(full):
                     continue
                 data = self.dirs.file(self.fs, os.path.join(self.gitdir, full), listing)
                 if data is not None:
@@ -182,13 +179,13 @@ class _Reader:
             subdirs: list[str] = []
             refs: list[tuple[bytes, bytes]] = []
             for name, _ino, is_dir in listing.entries:
-                if not _valid_component(name):
+                if not valid_component(name):
                     continue
                 full = prefix + "/" + name
                 if is_dir:
                     subdirs.append(full)
                     continue
-                if not _refname_ok(full):
+                if not refname_ok(full):
                     continue
                 data = self.dirs.file(self.fs, os.path.join(path, name), listing)
                 if data is None:
@@ -397,22 +394,9 @@ def _head_raw(fs: FsOps, dirs: DirCache, gitdir: str, top: Listing) -> bytes:
             target = os.readlink(path)
         except OSError:  # replaced by a file meanwhile: read it
             target = ""
-        if target.startswith("refs/") and _refname_ok(target):
+        if target.startswith("refs/") and refname_ok(target):
             return b"ref: " + target.encode("utf-8", "surrogateescape")
     return (dirs.file(fs, path, top) or b"").strip()
-
-
-_BAD_REFNAME_CHARS = frozenset(" ~^:?*[\\\x7f")
-
-
-def _refname_ok(name: str) -> bool:
-    """refs.c ``check_refname_format`` (no flags): a loose ref's name, a symlink's
-    target."""
-    if name == "@" or name.endswith((".", "/")) or "@{" in name or ".." in name:
-        return False
-    if any(c in _BAD_REFNAME_CHARS or ord(c) < 0x20 for c in name):
-        return False
-    return all(_valid_component(part) for part in name.split("/"))
 
 
 def _top(fs: FsOps, dirs: DirCache, gitdir: str) -> Listing:
