@@ -12,7 +12,6 @@ from __future__ import annotations
 import binascii
 import itertools
 import os
-import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -233,10 +232,20 @@ def _cut(data: bytes, lo: int, hi: int, hex_len: int) -> list[RefSegment]:
     return out
 
 
-# What may betray a name that is no ref name (refnames.py), found in a segment's bytes at
-# C speed; a segment with none of it (every segment git writes) is kept as it is.
-_SUSPECT = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f~:?*\[\\]|[^\n]\^|\.\.|@\{|/\.| \.|//"
-                      rb"|\.lock[/\n]|[/.]\n")
+# The bytes no ref name holds (refnames.py) besides the space and ``^``, which are
+# counted: a segment's bytes are looked at at C speed (three counts and a translate, 0.3 s
+# for 1M refs); a segment with none of them (every segment git writes) is kept as it is.
+# Names bad only by a sequence (``..``, ``@{``, ``.lock``) are left to C git's clients,
+# which skip them ("funny refs"): looking for each costs as much again.
+_BAD_BYTES = bytes(c for c in range(0x20) if c != 0x0A) + b"~:?*[\\\x7f"
+
+
+def _suspect(raw: bytes) -> bool:
+    # Each line is a ref (one space) or a peeled line (one ^, first): more of either is a
+    # name holding one.
+    if raw.count(b" ") + raw.count(b"^") != raw.count(b"\n"):
+        return True
+    return len(raw.translate(None, _BAD_BYTES)) != len(raw)
 
 
 def _without_bad_names(raw: bytes, hex_len: int) -> bytes:
@@ -244,8 +253,7 @@ def _without_bad_names(raw: bytes, hex_len: int) -> bytes:
     their peeled lines: C git gives them a null id (never a tip; clients skip them), and
     advertised with their ids they made a v0 clone fail. A line that is no entry at all
     is kept, for the check that refuses the file (:func:`_check_lines`)."""
-    if raw.count(b" ") == raw.count(b"\n") - raw.count(b"\n^") - raw.startswith(b"^") \
-            and _SUSPECT.search(raw) is None:
+    if not _suspect(raw):
         return raw
     out: list[bytes] = []
     keep = True
