@@ -61,10 +61,9 @@ class _Statfs(ctypes.Structure):
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
-def is_local(fd: int) -> bool:
-    """Is the file open as ``fd`` on a local filesystem? Once per device; a filesystem
-    that cannot be told counts as remote."""
-    dev = os.fstat(fd).st_dev
+def is_local(fd: int, dev: int) -> bool:
+    """Is the file open as ``fd``, on device ``dev``, on a local filesystem? Once per
+    device; a filesystem that cannot be told counts as remote."""
     with _lock:
         known = _by_device.get(dev)
     if known is not None:
@@ -83,10 +82,11 @@ def map_whole(fd: int) -> Mapped:
     """The whole file open as ``fd``, read-only: mapped when its filesystem is local, else
     read (module doc) into an anonymous map of its size: one copy, no descriptor kept, and
     the API of a map. ValueError for an empty file, as ``mmap`` raises."""
-    size = os.fstat(fd).st_size
+    st = os.fstat(fd)
+    size = st.st_size
     if size == 0:
         raise ValueError("cannot map an empty file")
-    if is_local(fd):
+    if is_local(fd, st.st_dev):
         return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     buf = mmap.mmap(-1, size)
     view = memoryview(buf)

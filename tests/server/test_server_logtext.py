@@ -42,9 +42,8 @@ def _raw_log(root: Path, tmp_path: Path, log_format: str, sends: list[bytes]) ->
     import signal
     import subprocess
     import sys
-    import time
 
-    from gitutil import REPO_ROOT, SERVER_ARGS
+    from gitutil import REPO_ROOT, SERVER_ARGS, poll
     from rawhttp import exchange
 
     out = tmp_path / f"log-{log_format}"
@@ -56,11 +55,11 @@ def _raw_log(root: Path, tmp_path: Path, log_format: str, sends: list[bytes]) ->
                                 env={k: v for k, v in os.environ.items()
                                      if not k.startswith("GITSPOUT_")})
         try:
-            deadline = time.monotonic() + 20
-            while not (m := re.search(rb"127\.0\.0\.1:(\d+)", out.read_bytes())):
-                assert time.monotonic() < deadline and proc.poll() is None, out.read_bytes()
-                time.sleep(0.05)
-            port = int(m.group(1))
+            def listening() -> re.Match[bytes] | None:
+                assert proc.poll() is None, out.read_bytes()
+                return re.search(rb"127\.0\.0\.1:(\d+)", out.read_bytes())
+
+            port = int(poll(listening, 20, "the server to listen").group(1))
             for data in sends:
                 exchange(port, data.replace(b"PORT", str(port).encode()))
         finally:
